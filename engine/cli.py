@@ -1,0 +1,374 @@
+"""`dpw`: the engine without a window. Each command is a thin shell over an engine function.
+
+Heavy imports (torch) happen only inside the commands that train; `dpw privacy ...` and
+`dpw list` start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from engine.errors import DPWError
+
+
+class UserError(click.ClickException):
+    """One line and exit status 1, never a traceback."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+def fail(exc: DPWError) -> UserError:
+    return UserError(exc.message + (f" — {exc.hint}" if exc.hint else ""))
+
+
+class DPWGroup(click.Group):
+    """Turns DPWError (and bad numbers) from any command into a one-line message."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except DPWError as exc:
+            raise fail(exc) from None
+
+
+db_option = click.option(
+    "--db",
+    "db",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Run store (SQLite). Default: $DPW_DB, else runs.sqlite in the per-user data folder.",
+)
+
+
+def open_store(db: Path | None):
+    from engine.store import Store, default_db_path
+
+    return Store(db or default_db_path())
+
+
+@click.group(cls=DPWGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dp-workbench")
+def cli() -> None:
+    """DP Workbench: train models with differential privacy and state the guarantee.
+
+    Example: dpw run resources/examples/dpsgd-mnist-quick.toml --data-dir ../shared/data
+    """
+
+
+# ---- run ---------------------------------------------------------------------------------------
+@cli.command()
+@click.argument("config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@db_option
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where registered datasets' files are (overrides the config's data_dir).")
+@click.option("--name", default=None, help="Name of the run (overrides the config's name).")
+@click.option("--json", "as_json", is_flag=True, help="Print the events as JSON lines instead of a progress bar.")
+def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | None, as_json: bool) -> None:
+    """Train one run from a TOML config in a background engine process.
+
+    Example: dpw run resources/examples/dpsgd-mnist-quick.toml --data-dir ../shared/data
+    """
+    from engine.config import RunConfig
+
+    config = RunConfig.load_toml(config_file)
+    changes: dict[str, Any] = {}
+    if data_dir is not None:
+        changes["data_dir"] = str(data_dir.resolve())
+    elif config.data_dir and not Path(config.data_dir).is_absolute():
+        changes["data_dir"] = str((config_file.parent / config.data_dir).resolve())
+    if name:
+        changes["name"] = name
+    config = config.replace(**changes) if changes else config
+    store = open_store(db)
+    run_id = store.create_run(config)
+    status = follow_runner(store.path, run_id, as_json=as_json)
+    run_row = store.get_run(run_id)
+    if not as_json:
+        print_summary(run_row)
+    if status == "failed":
+        sys.exit(1)
+
+
+def runner_command(db_path: Path, run_id: int) -> list[str]:
+    return [sys.executable, "-m", "engine.runner", str(run_id), "--db", str(db_path)]
+
+
+def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False) -> str:
+    """Start the runner process and render its events until it ends; returns the final status."""
+    from engine.events import decode
+
+    proc = subprocess.Popen(runner_command(db_path, run_id), stdout=subprocess.PIPE, text=True, bufsize=1)
+    display = None if as_json else ProgressDisplay()
+    status = "failed"
+    try:
+        while True:
+            try:
+                line = proc.stdout.readline()
+            except KeyboardInterrupt:
+                # The terminal's Ctrl-C reached the runner too; it stops after the current step.
+                proc.send_signal(signal.SIGTERM)
+                click.echo("\nstopping after the current step…", err=True)
+                continue
+            if not line:
+                break
+            event = decode(line)
+            if event is None:
+                continue
+            if as_json:
+                click.echo(line.rstrip())
+            else:
+                display.handle(event)
+            if event["type"] == "finished":
+                status = event["status"]
+    finally:
+        proc.wait()
+        if display:
+            display.close()
+    return status
+
+
+class ProgressDisplay:
+    """A progress bar on stderr, labelled with the live epsilon and the last test accuracy."""
+
+    def __init__(self) -> None:
+        self.bar = None
+        self.done = 0
+        self.epsilon: float | None = None
+        self.accuracy: float | None = None
+
+    def _label(self) -> str:
+        parts = []
+        if self.epsilon is not None:
+            parts.append(f"ε={self.epsilon:.3f}")
+        if self.accuracy is not None:
+            parts.append(f"acc={self.accuracy:.4f}")
+        return " ".join(parts)
+
+    def handle(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if kind == "plan":
+            sigma = event.get("noise_multiplier")
+            click.echo(
+                f"run {event['run_id']}: {event['num_train']} training examples, model {event['model']} on "
+                f"{event['device']}, {event['steps']} steps"
+                + (f", q={event['sample_rate']:.5g}, noise multiplier {sigma:.4g}" if sigma else ", non-private"),
+                err=True,
+            )
+        elif kind == "progress" and event["phase"] == "training":
+            if self.bar is None:
+                self.bar = click.progressbar(length=event["total"], label="training", file=sys.stderr,
+                                             item_show_func=lambda item: item, show_eta=True)
+                self.bar.__enter__()
+            self.bar.update(event["done"] - self.done, current_item=self._label())
+            self.done = event["done"]
+        elif kind == "privacy":
+            self.epsilon = event["epsilon"]
+        elif kind == "metric" and event["name"] == "test_accuracy":
+            self.accuracy = event["value"]
+        elif kind in ("warning", "error"):
+            self.close()
+            text = event["message"] + (f" — {event['hint']}" if event.get("hint") else "")
+            click.echo(f"{kind}: {text}", err=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+def print_summary(run_row: dict[str, Any]) -> None:
+    lines = [f"run {run_row['id']} ({run_row['name']}): {run_row['status']}"]
+    if run_row.get("stop_reason") == "budget":
+        lines.append("  stopped at the epsilon budget")
+    if run_row.get("accuracy") is not None:
+        lines.append(f"  test accuracy  {run_row['accuracy']:.4f}")
+    if run_row.get("epsilon") is not None:
+        lines.append(f"  privacy        ε = {run_row['epsilon']:.4f}, δ = {run_row['delta']:g} ({run_row['accountant']})")
+    elif run_row.get("mechanism") == "none":
+        lines.append("  privacy        none (non-private baseline)")
+    if run_row.get("steps_done") is not None and run_row.get("steps_planned"):
+        lines.append(f"  steps          {run_row['steps_done']} of {run_row['steps_planned']}")
+    summary = run_row.get("summary") or {}
+    if summary.get("seconds") is not None:
+        lines.append(f"  time           {summary['seconds']:.1f} s ({summary.get('samples_per_second', 0):.0f} samples/s)")
+    if run_row.get("error"):
+        lines.append(f"  error          {run_row['error']}")
+        if run_row.get("error_hint"):
+            lines.append(f"  hint           {run_row['error_hint']}")
+    lines.append(f"  details        dpw show {run_row['id']}")
+    click.echo("\n".join(lines))
+
+
+# ---- list / show -------------------------------------------------------------------------------
+LIST_FIELDS = ("id", "name", "mechanism", "dataset", "status", "epsilon", "delta", "epsilon_budget", "accuracy")
+
+
+@cli.command("list")
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+def list_runs(db: Path | None, as_json: bool) -> None:
+    """List the runs in the store.
+
+    Example: dpw list --json
+    """
+    store = open_store(db)
+    rows = [{k: r.get(k) for k in LIST_FIELDS} for r in store.list_runs()]
+    for r in rows:
+        r["budget"] = r.pop("epsilon_budget")
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    if not rows:
+        click.echo(f"no runs yet in {store.path}")
+        return
+    from tabulate import tabulate
+
+    click.echo(tabulate(rows, headers="keys", floatfmt=".4g", missingval="-"))
+
+
+@cli.command()
+@click.argument("run_ref")
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def show(run_ref: str, db: Path | None, as_json: bool) -> None:
+    """Show one run (by id or name): config, results, privacy, artifacts.
+
+    Example: dpw show 3 --json
+    """
+    store = open_store(db)
+    store.reconcile_orphans()
+    info = run_details(store, run_ref)
+    if as_json:
+        click.echo(json.dumps(info, indent=1, default=str))
+        return
+    run_row = info["run"]
+    print_summary(run_row)
+    click.echo(f"  config hash    {run_row['config_hash']}")
+    click.echo(f"  rows           {info['rows']}")
+    for art in info["artifacts"]:
+        click.echo(f"  artifact       {art['kind']}: {art['path']}")
+    click.echo("config:")
+    for key, value in run_row["config"].items():
+        click.echo(f"  {key} = {value!r}")
+
+
+def run_details(store, run_ref: str) -> dict[str, Any]:
+    run_row = store.find_run(run_ref)
+    run_id = run_row["id"]
+    metrics = store.metrics(run_id, "test_accuracy")
+    return {
+        "run": run_row,
+        "rows": store.table_counts(run_id),
+        "test_accuracy": [{"step": m["step"], "epoch": m["epoch"], "value": m["value"]} for m in metrics],
+        "privacy": store.privacy(run_id, run_row.get("accountant")) if run_row.get("accountant") else [],
+        "artifacts": store.artifacts(run_id),
+    }
+
+
+# ---- registries --------------------------------------------------------------------------------
+@cli.command()
+def datasets() -> None:
+    """List the registered datasets.
+
+    Example: dpw datasets
+    """
+    from engine.datasets import list_datasets
+
+    for info in list_datasets():
+        click.echo(f"{info.name:15} {info.kind:6} {info.description}")
+
+
+@cli.command()
+def models() -> None:
+    """List the registered models.
+
+    Example: dpw models
+    """
+    from engine.models import list_models
+
+    for info in list_models():
+        click.echo(f"{info.name:12} {','.join(info.kinds):12} {info.description}")
+
+
+# ---- privacy math ------------------------------------------------------------------------------
+@cli.group()
+def privacy() -> None:
+    """Privacy accounting without training (no torch import: starts fast)."""
+
+
+def _check_number(name: str, value: float, low: float, high: float, *, open_low=True, open_high=False) -> None:
+    bad = (value <= low if open_low else value < low) or (value >= high if open_high else value > high) or math.isnan(value)
+    if bad:
+        lo = "(" if open_low else "["
+        hi = ")" if open_high else "]"
+        raise UserError(f"--{name}: {value:g} is out of range; allowed {lo}{low:g}, {high:g}{hi}")
+
+
+@privacy.command("dpsgd")
+@click.option("--sample-rate", type=float, required=True, help="Poisson sampling rate q = expected batch / N.")
+@click.option("--noise-multiplier", type=float, required=True, help="Noise std in units of the clipping norm.")
+@click.option("--steps", type=click.IntRange(min=0), required=True, help="Number of training steps.")
+@click.option("--delta", type=float, required=True, help="Target delta.")
+@click.option("--accountant", type=click.Choice(["pld", "rdp"]), default="pld", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help='Print {"epsilon", "delta", "accountant"}.')
+def privacy_dpsgd(sample_rate: float, noise_multiplier: float, steps: int, delta: float, accountant: str, as_json: bool) -> None:
+    """Epsilon of DP-SGD (Poisson-subsampled Gaussian, add/remove one example).
+
+    Example: dpw privacy dpsgd --sample-rate 0.004267 --noise-multiplier 1.1 --steps 9375 --delta 1e-5 --json
+    """
+    from engine import privacy as priv
+
+    _check_number("sample-rate", sample_rate, 0.0, 1.0)
+    _check_number("noise-multiplier", noise_multiplier, 0.0, 1e4)
+    _check_number("delta", delta, 0.0, 1.0, open_high=True)
+    eps = priv.dpsgd_epsilon(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps,
+                             delta=delta, accountant=accountant)
+    if as_json:
+        click.echo(json.dumps({"epsilon": eps.value, "delta": eps.delta, "accountant": eps.accountant}))
+    else:
+        click.echo(f"epsilon = {eps.value:.6g} at delta = {eps.delta:g} ({eps.accountant})")
+
+
+@privacy.command("calibrate")
+@click.option("--sample-rate", type=float, required=True, help="Poisson sampling rate q = expected batch / N.")
+@click.option("--steps", type=click.IntRange(min=1), required=True, help="Number of training steps.")
+@click.option("--epsilon", type=float, required=True, help="Target epsilon.")
+@click.option("--delta", type=float, required=True, help="Target delta.")
+@click.option("--accountant", type=click.Choice(["pld", "rdp"]), default="pld", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help='Print {"noise_multiplier"}.')
+def privacy_calibrate(sample_rate: float, steps: int, epsilon: float, delta: float, accountant: str, as_json: bool) -> None:
+    """The smallest noise multiplier that meets a target (epsilon, delta).
+
+    Example: dpw privacy calibrate --sample-rate 0.004267 --steps 9375 --epsilon 3 --delta 1e-5 --json
+    """
+    from engine import privacy as priv
+
+    _check_number("sample-rate", sample_rate, 0.0, 1.0)
+    _check_number("epsilon", epsilon, 0.0, 1e3)
+    _check_number("delta", delta, 0.0, 1.0, open_high=True)
+    try:
+        sigma = priv.calibrate_noise_multiplier(sample_rate=sample_rate, steps=steps, target_epsilon=epsilon,
+                                                delta=delta, accountant=accountant)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps({"noise_multiplier": sigma}))
+    else:
+        click.echo(f"noise multiplier = {sigma:.6g} ({accountant})")
+
+
+def main() -> None:
+    cli(prog_name="dpw")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,416 @@
+"""The one run configuration: fields, defaults, units and bounds in one place.
+
+The GUI form, the CLI's TOML files and the engine all go through `RunConfig`. Each field's
+rules live in its `FieldSpec` (in the dataclass field's metadata), so a form can be generated
+from `config_fields()` and every error names the field, the value and the allowed range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ConfigError
+
+SCHEMA_VERSION = 1
+
+MECHANISMS = ("dpsgd", "none")
+OPTIMIZERS = ("sgd", "momentum", "adam")
+DEVICES = ("auto", "cpu", "cuda")
+ACCOUNTANT_CHOICES = ("pld", "rdp")
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """What a config field means and which values it accepts."""
+
+    label: str
+    help: str
+    kind: type  # str, int, float or bool
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+    exclusive_maximum: bool = False
+    choices: tuple[str, ...] | None = None
+    optional: bool = False  # None is an allowed value
+    unit: str = ""
+    mechanisms: tuple[str, ...] = ()  # mechanisms that use it; empty = all
+    group: str = "run"
+
+    def allowed(self) -> str:
+        """The allowed values in words, for error messages and tooltips."""
+        if self.choices:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        parts = []
+        if self.minimum is not None:
+            parts.append(("> " if self.exclusive_minimum else ">= ") + _fmt(self.minimum))
+        if self.maximum is not None:
+            parts.append(("< " if self.exclusive_maximum else "<= ") + _fmt(self.maximum))
+        kind = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}[self.kind]
+        text = kind + (" " + " and ".join(parts) if parts else "")
+        return text + (", or unset" if self.optional else "")
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def _spec(default: Any, **kwargs: Any) -> Any:
+    return field(default=default, metadata={"spec": FieldSpec(**kwargs)})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a training run. Validated on construction."""
+
+    name: str = _spec("run", label="Name", help="A name to find the run by.", kind=str)
+    dataset: str = _spec(
+        "mnist",
+        label="Dataset",
+        help="A registered dataset (mnist, fashion-mnist, cifar10, svhn, digits, breast-cancer) "
+        "or the path of a .csv or .npz file.",
+        kind=str,
+        group="data",
+    )
+    data_dir: str | None = _spec(
+        None,
+        label="Data directory",
+        help="Where registered datasets' files are; unset: $DPW_DATA_DIR, else the per-user data folder.",
+        kind=str,
+        optional=True,
+        group="data",
+    )
+    label_column: str = _spec(
+        "label", label="Label column", help="The CSV column that holds the class label.", kind=str, group="data"
+    )
+    test_fraction: float = _spec(
+        0.2,
+        label="Test fraction",
+        help="Share of examples held out for testing when the dataset has no test split.",
+        kind=float,
+        minimum=0.0,
+        maximum=0.9,
+        exclusive_minimum=True,
+        group="data",
+    )
+    allow_download: bool = _spec(
+        False,
+        label="Allow download",
+        help="Download a registered dataset's files when they are missing and the network allows.",
+        kind=bool,
+        group="data",
+    )
+    model: str = _spec(
+        "auto",
+        label="Model",
+        help="A registered model, or 'auto' to pick one that suits the dataset.",
+        kind=str,
+        group="model",
+    )
+    mechanism: str = _spec(
+        "dpsgd",
+        label="Mechanism",
+        help="dpsgd: differentially private SGD; none: a non-private baseline.",
+        kind=str,
+        choices=MECHANISMS,
+        group="privacy",
+    )
+    noise_multiplier: float | None = _spec(
+        None,
+        label="Noise multiplier",
+        help="Standard deviation of the Gaussian noise, in units of the clipping norm. "
+        "Set this or a target epsilon, not both.",
+        kind=float,
+        minimum=0.0,
+        maximum=1000.0,
+        exclusive_minimum=True,
+        optional=True,
+        unit="× clipping norm",
+        mechanisms=("dpsgd",),
+        group="privacy",
+    )
+    target_epsilon: float | None = _spec(
+        None,
+        label="Target epsilon",
+        help="Calibrate the noise multiplier so that training ends at this epsilon. "
+        "Set this or a noise multiplier, not both.",
+        kind=float,
+        minimum=0.0,
+        maximum=100.0,
+        exclusive_minimum=True,
+        optional=True,
+        unit="ε",
+        mechanisms=("dpsgd",),
+        group="privacy",
+    )
+    clipping_norm: float = _spec(
+        1.0,
+        label="Clipping norm",
+        help="Each example's gradient is scaled down to at most this L2 norm.",
+        kind=float,
+        minimum=0.0,
+        maximum=1e4,
+        exclusive_minimum=True,
+        unit="L2 norm",
+        mechanisms=("dpsgd",),
+        group="privacy",
+    )
+    delta: float = _spec(
+        1e-5,
+        label="Delta",
+        help="Probability with which the epsilon guarantee may fail; must be below 1/N.",
+        kind=float,
+        minimum=0.0,
+        maximum=1.0,
+        exclusive_minimum=True,
+        exclusive_maximum=True,
+        unit="δ",
+        mechanisms=("dpsgd",),
+        group="privacy",
+    )
+    epsilon_budget: float | None = _spec(
+        None,
+        label="Epsilon budget",
+        help="Hard cap: training stops before the first step that would exceed it.",
+        kind=float,
+        minimum=0.0,
+        maximum=1000.0,
+        exclusive_minimum=True,
+        optional=True,
+        unit="ε",
+        mechanisms=("dpsgd",),
+        group="privacy",
+    )
+    accountant: str = _spec(
+        "pld",
+        label="Accountant",
+        help="pld: privacy loss distributions (tight, reported); rdp: Rényi DP (looser).",
+        kind=str,
+        choices=ACCOUNTANT_CHOICES,
+        mechanisms=("dpsgd",),
+        group="privacy",
+    )
+    expected_batch_size: int = _spec(
+        256,
+        label="Expected batch size",
+        help="Each example joins a step independently with probability expected_batch_size / N "
+        "(Poisson sampling), so batch sizes vary around this.",
+        kind=int,
+        minimum=1,
+        maximum=1_000_000,
+        unit="examples",
+        group="training",
+    )
+    max_physical_batch_size: int = _spec(
+        512,
+        label="Physical batch limit",
+        help="Largest chunk processed at once; larger batches are split so memory stays bounded.",
+        kind=int,
+        minimum=1,
+        maximum=1_000_000,
+        unit="examples",
+        group="training",
+    )
+    epochs: int = _spec(
+        10, label="Epochs", help="Passes over the training set (in expectation).", kind=int,
+        minimum=1, maximum=10_000, group="training",
+    )
+    learning_rate: float = _spec(
+        0.1, label="Learning rate", help="Step size of the optimizer.", kind=float,
+        minimum=0.0, maximum=1000.0, exclusive_minimum=True, group="training",
+    )
+    optimizer: str = _spec(
+        "sgd", label="Optimizer", help="sgd, momentum (SGD with momentum) or adam.", kind=str,
+        choices=OPTIMIZERS, group="training",
+    )
+    momentum: float = _spec(
+        0.9, label="Momentum", help="Momentum of the 'momentum' optimizer.", kind=float,
+        minimum=0.0, maximum=1.0, exclusive_maximum=True, group="training",
+    )
+    evaluations_per_epoch: int = _spec(
+        1, label="Evaluations per epoch", help="How often test accuracy is measured.", kind=int,
+        minimum=1, maximum=100, group="training",
+    )
+    seed: int = _spec(
+        0, label="Seed", help="Seeds sampling, noise, initialisation and splits.", kind=int,
+        minimum=0, maximum=2**63 - 1, group="run",
+    )
+    device: str = _spec(
+        "auto", label="Device", help="cpu, cuda, or auto (cuda when available).", kind=str,
+        choices=DEVICES, group="run",
+    )
+
+    def __post_init__(self) -> None:
+        errors = collect_errors(dataclasses.asdict(self))
+        if errors:
+            raise errors[0]
+
+    # ---- conversion -------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
+        """Build from plain values (e.g. parsed TOML); unknown keys are refused by name."""
+        values = dict(values)
+        version = values.pop("schema_version", SCHEMA_VERSION)
+        if version != SCHEMA_VERSION:
+            raise ConfigError(
+                "schema_version", f"{version!r} is not supported; this version reads {SCHEMA_VERSION}"
+            )
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in values:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f"did you mean '{close[0]}'?" if close else "known fields: " + ", ".join(sorted(known))
+                raise ConfigError(key, "is not a known setting", hint=hint)
+        return cls(**{k: _coerce(k, v) for k, v in values.items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": SCHEMA_VERSION, **dataclasses.asdict(self)}
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_toml(self) -> str:
+        import tomli_w
+
+        values = {k: v for k, v in self.to_dict().items() if v is not None}
+        return tomli_w.dumps(values)
+
+    def save_toml(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_toml(), encoding="utf-8")
+
+    @classmethod
+    def load_toml(cls, path: str | Path) -> "RunConfig":
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError("config", f"cannot read {path}: {exc.strerror}") from None
+        try:
+            values = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("config", f"{path} is not valid TOML: {exc}") from None
+        return cls.from_dict(values)
+
+    def config_hash(self) -> str:
+        """Stable hash of everything that determines the run's result (not its name)."""
+        values = self.to_dict()
+        values.pop("name")
+        canonical = json.dumps(values, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    # ---- rules that need the dataset -----------------------------------------------------------
+    def check_against_dataset(self, num_train: int) -> None:
+        """Rules that depend on the training-set size N (known once the data is loaded)."""
+        if self.mechanism == "dpsgd" and self.delta >= 1.0 / num_train:
+            raise ConfigError(
+                "delta",
+                f"{self.delta:g} is not below 1/N = {1.0 / num_train:.3g} (N = {num_train} training examples)",
+                hint="a delta of 1/N or more allows releasing one person's example outright; "
+                "use a delta well below 1/N, e.g. " + f"{10 ** math.floor(math.log10(0.1 / num_train)):g}",
+            )
+        if self.expected_batch_size > num_train:
+            raise ConfigError(
+                "expected_batch_size",
+                f"{self.expected_batch_size} is larger than the {num_train} training examples",
+                hint=f"allowed: 1 to {num_train}",
+            )
+
+    def sample_rate_for(self, num_train: int) -> float:
+        return self.expected_batch_size / num_train
+
+    def steps_for(self, num_train: int) -> int:
+        """Number of steps: epochs × N / expected batch size, rounded up."""
+        return math.ceil(self.epochs * num_train / self.expected_batch_size)
+
+
+def config_fields() -> list[tuple[str, Any, FieldSpec]]:
+    """(name, default, spec) for every field, in form order."""
+    return [(f.name, f.default, f.metadata["spec"]) for f in dataclasses.fields(RunConfig)]
+
+
+def field_spec(name: str) -> FieldSpec:
+    for fname, _, spec in config_fields():
+        if fname == name:
+            return spec
+    raise KeyError(name)
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Accept ints for float fields (TOML writes 1 for 1.0); everything else is checked as is."""
+    spec = field_spec(name)
+    if spec.kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def check_field(name: str, value: Any) -> ConfigError | None:
+    """The error for one field's value on its own, or None when it is allowed."""
+    spec = field_spec(name)
+    if value is None:
+        return None if spec.optional else ConfigError(name, "must be set", hint=f"allowed: {spec.allowed()}")
+    ok_type = isinstance(value, spec.kind) and not (spec.kind is not bool and isinstance(value, bool))
+    if spec.kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok_type = True
+    if not ok_type:
+        return ConfigError(name, f"{value!r} is not {spec.allowed()}")
+    if spec.kind is float and not math.isfinite(value):
+        return ConfigError(name, f"{value!r} is not a finite number", hint=f"allowed: {spec.allowed()}")
+    if spec.choices is not None and value not in spec.choices:
+        return ConfigError(name, f"{value!r} is not {spec.allowed()}")
+    if spec.kind in (int, float):
+        too_low = spec.minimum is not None and (
+            value <= spec.minimum if spec.exclusive_minimum else value < spec.minimum
+        )
+        too_high = spec.maximum is not None and (
+            value >= spec.maximum if spec.exclusive_maximum else value > spec.maximum
+        )
+        if too_low or too_high:
+            return ConfigError(name, f"{value:g} is out of range; allowed: {spec.allowed()}")
+    if spec.kind is str and not value.strip() and not spec.optional:
+        return ConfigError(name, "must not be empty")
+    return None
+
+
+def collect_errors(values: dict[str, Any]) -> list[ConfigError]:
+    """Every problem with a set of values, field rules first, then rules across fields."""
+    errors = [e for name, v in values.items() if name in _FIELD_NAMES and (e := check_field(name, v))]
+    if errors:
+        return errors
+    if values.get("mechanism") == "dpsgd":
+        sigma, target = values.get("noise_multiplier"), values.get("target_epsilon")
+        if sigma is None and target is None:
+            errors.append(
+                ConfigError(
+                    "noise_multiplier",
+                    "DP-SGD needs a noise multiplier or a target epsilon",
+                    hint="set noise_multiplier (e.g. 1.1) or target_epsilon (e.g. 3.0)",
+                )
+            )
+        elif sigma is not None and target is not None:
+            errors.append(
+                ConfigError(
+                    "target_epsilon",
+                    "set either noise_multiplier or target_epsilon, not both",
+                    hint="the noise multiplier is calibrated from the target epsilon",
+                )
+            )
+        budget = values.get("epsilon_budget")
+        if target is not None and budget is not None and target > budget:
+            errors.append(
+                ConfigError(
+                    "target_epsilon",
+                    f"{target:g} exceeds the epsilon budget {budget:g}",
+                    hint="lower the target or raise the budget",
+                )
+            )
+    return errors
+
+
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(RunConfig))

@@ -1,0 +1,1 @@
+"""DP-SGD (Abadi et al. 2016): Poisson sampling, per-example clipping, Gaussian noise."""

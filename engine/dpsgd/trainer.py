@@ -1,0 +1,257 @@
+"""The DP-SGD training loop (and the non-private baseline through the same loop).
+
+One step: Poisson-sample a logical batch, process it in physical chunks of at most
+`max_physical_batch_size`, sum the clipped per-example gradients, add Gaussian noise once,
+divide by the expected batch size, then take an optimizer step. Privacy is accounted after
+every step; the budget is enforced before the step that would exceed it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine import privacy
+from engine.config import RunConfig
+from engine.datasets import Dataset
+from engine.dpsgd import mechanism
+from engine.dpsgd.per_sample import per_example_gradients
+
+Emit = Callable[..., Any]
+
+
+@dataclass
+class PrivacyPlan:
+    """What the privacy settings imply for this dataset, fixed before the first step."""
+
+    sample_rate: float
+    steps_planned: int
+    noise_multiplier: float | None
+    delta: float
+    accountant: str
+    steps_allowed: int  # by the budget; == steps_planned when no budget binds
+    calibrated: bool = False
+
+    @property
+    def private(self) -> bool:
+        return self.noise_multiplier is not None
+
+
+@dataclass
+class TrainResult:
+    steps_done: int
+    epochs_done: float
+    stop_reason: str  # "completed", "budget", "stopped"
+    test_accuracy: float | None
+    test_loss: float | None
+    epsilon: privacy.Epsilon | None
+    seconds: float
+    samples_processed: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def plan_privacy(config: RunConfig, num_train: int, emit: Emit | None = None) -> PrivacyPlan:
+    """Sample rate, steps, the (possibly calibrated) noise multiplier and the budget's step limit."""
+    q = config.sample_rate_for(num_train)
+    steps = config.steps_for(num_train)
+    if config.mechanism != "dpsgd":
+        return PrivacyPlan(q, steps, None, config.delta, config.accountant, steps)
+    sigma = config.noise_multiplier
+    calibrated = False
+    if sigma is None:
+        if emit:
+            emit("progress", phase="calibrating", done=0, total=1)
+        sigma = privacy.calibrate_noise_multiplier(
+            sample_rate=q,
+            steps=steps,
+            target_epsilon=config.target_epsilon,
+            delta=config.delta,
+            accountant=config.accountant,
+        )
+        calibrated = True
+    allowed = steps
+    if config.epsilon_budget is not None:
+        allowed = privacy.max_steps_within_budget(
+            sample_rate=q,
+            noise_multiplier=sigma,
+            delta=config.delta,
+            budget=config.epsilon_budget,
+            accountant=config.accountant,
+            upper=steps,
+        )
+        allowed = min(allowed, steps)
+    return PrivacyPlan(q, steps, sigma, config.delta, config.accountant, allowed, calibrated)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        from engine.errors import ConfigError
+
+        raise ConfigError("device", "'cuda' was asked for but no CUDA GPU is available", hint="use 'cpu' or 'auto'")
+    return torch.device(name)
+
+
+def make_optimizer(config: RunConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.learning_rate)
+    if config.optimizer == "momentum":
+        return torch.optim.SGD(params, lr=config.learning_rate, momentum=config.momentum)
+    return torch.optim.Adam(params, lr=config.learning_rate)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int = 2048) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) over a whole split."""
+    was_training = model.training
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    for start in range(0, x.shape[0], chunk):
+        logits = model(x[start : start + chunk])
+        target = y[start : start + chunk]
+        loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
+        correct += int((logits.argmax(1) == target).sum())
+    model.train(was_training)
+    n = max(1, x.shape[0])
+    return correct / n, loss_sum / n
+
+
+def predict(model: nn.Module, x: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.cat([model(x[s : s + chunk]).argmax(1) for s in range(0, x.shape[0], chunk)])
+
+
+def train(
+    model: nn.Module,
+    data: Dataset,
+    config: RunConfig,
+    plan: PrivacyPlan,
+    *,
+    device: torch.device,
+    emit: Emit,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> TrainResult:
+    """Train `model` on `data` under `plan`, emitting metric/privacy/progress events."""
+    torch.manual_seed(config.seed)
+    model.to(device).train()
+    x_train, y_train = data.x_train.to(device), data.y_train.to(device)
+    x_test, y_test = data.x_test.to(device), data.y_test.to(device)
+    n = x_train.shape[0]
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(config, params)
+    sampler_gen = torch.Generator(device=device).manual_seed(config.seed * 2 + 1)
+    noise_gen = torch.Generator(device=device).manual_seed(config.seed * 2 + 2)
+    strategy = per_example_gradients(model) if plan.private else None
+    live = (
+        privacy.LiveAccountant(
+            sample_rate=plan.sample_rate, noise_multiplier=plan.noise_multiplier, delta=plan.delta
+        )
+        if plan.private
+        else None
+    )
+    steps_per_epoch = n / config.expected_batch_size
+    eval_every = max(1, round(steps_per_epoch / config.evaluations_per_epoch))
+    total = plan.steps_planned
+    stop_reason = "completed"
+    step = 0
+    samples = 0
+    accuracy = test_loss = None
+    t0 = time.monotonic()
+    last_progress = 0.0
+    shuffled = None
+    evaluated_at = -1
+
+    emit("progress", phase="training", done=0, total=total)
+    while step < total:
+        if should_stop():
+            stop_reason = "stopped"
+            break
+        if step >= plan.steps_allowed:
+            stop_reason = "budget"
+            emit(
+                "warning",
+                message=f"stopped before step {step + 1}: it would exceed the epsilon budget "
+                f"{config.epsilon_budget:g} ({config.accountant})",
+            )
+            break
+        if plan.private:
+            idx = mechanism.poisson_sample(n, plan.sample_rate, sampler_gen)
+            loss_sum = 0.0
+            summed = [torch.zeros_like(p) for p in params]
+            for chunk in idx.split(config.max_physical_batch_size):
+                losses, part, _ = strategy.clipped_sum(x_train[chunk], y_train[chunk], config.clipping_norm)
+                loss_sum += float(losses.sum())
+                for s, v in zip(summed, part):
+                    s += v
+            noisy = mechanism.add_gaussian_noise(
+                summed,
+                noise_multiplier=plan.noise_multiplier,
+                clipping_norm=config.clipping_norm,
+                generator=noise_gen,
+            )
+            for p, g in zip(params, noisy):
+                p.grad = g / config.expected_batch_size
+            batch_size = int(idx.numel())
+        else:
+            # Non-private baseline: shuffled fixed-size batches, plain mean-loss gradients.
+            offset = (step * config.expected_batch_size) % n
+            if shuffled is None or offset < config.expected_batch_size:
+                shuffled = torch.randperm(n, generator=sampler_gen, device=device)
+            idx = shuffled[offset : offset + config.expected_batch_size]
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
+            loss.backward()
+            loss_sum = float(loss) * idx.numel()
+            batch_size = int(idx.numel())
+        optimizer.step()
+        step += 1
+        samples += batch_size
+        epoch = step / steps_per_epoch
+        if batch_size:
+            emit("metric", step=step, epoch=round(epoch, 5), name="train_loss", value=loss_sum / batch_size)
+        if live is not None:
+            live.step()
+            eps = live.epsilon()
+            emit("privacy", step=step, epsilon=eps.value, delta=eps.delta, accountant=eps.accountant)
+        if step % eval_every == 0 or step == total or step >= plan.steps_allowed:
+            accuracy, test_loss = _evaluate_and_report(model, x_test, y_test, step, epoch, live, plan, emit)
+            evaluated_at = step
+        now = time.monotonic()
+        if now - last_progress > 0.5 or step == total:
+            emit("progress", phase="training", done=step, total=total)
+            last_progress = now
+
+    if evaluated_at != step or accuracy is None:
+        accuracy, test_loss = _evaluate_and_report(
+            model, x_test, y_test, step, step / steps_per_epoch, live, plan, emit
+        )
+    final_eps = live.epsilon_reported(plan.accountant) if live is not None else None
+    if strategy is not None:
+        strategy.close()
+    return TrainResult(
+        steps_done=step,
+        epochs_done=step / steps_per_epoch,
+        stop_reason=stop_reason,
+        test_accuracy=accuracy,
+        test_loss=test_loss,
+        epsilon=final_eps,
+        seconds=time.monotonic() - t0,
+        samples_processed=samples,
+    )
+
+
+def _evaluate_and_report(model, x_test, y_test, step, epoch, live, plan, emit) -> tuple[float, float]:
+    """Test metrics, and the reported (tight) epsilon when it differs from the live one."""
+    accuracy, test_loss = evaluate(model, x_test, y_test)
+    emit("metric", step=step, epoch=round(epoch, 5), name="test_accuracy", value=accuracy)
+    emit("metric", step=step, epoch=round(epoch, 5), name="test_loss", value=test_loss)
+    if live is not None and plan.accountant != "rdp":
+        rep = live.epsilon_reported(plan.accountant)
+        emit("privacy", step=step, epsilon=rep.value, delta=rep.delta, accountant=rep.accountant)
+    return accuracy, test_loss

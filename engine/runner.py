@@ -1,0 +1,116 @@
+"""Execute one stored run in this process: `python -m engine.runner RUN_ID --db PATH`.
+
+Writes the run's events as JSON lines to stdout and to the store. SIGTERM (or SIGINT) stops
+the run cleanly after the current step: it is marked `stopped` and everything so far is kept.
+An exception marks it `failed` with its message. Exit status: 0 finished or stopped, 1 failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from engine.config import RunConfig
+from engine.errors import DPWError
+from engine.events import EventWriter
+from engine.store import Store, now_iso
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT; the training loop checks it between steps."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+    def __call__(self) -> bool:
+        return self.requested
+
+
+def artifacts_dir(store: Store, run_id: int) -> Path:
+    return store.path.parent / "artifacts" / f"run-{run_id}"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = None) -> str:
+    """Run a stored run to its end; returns its final status."""
+    stop = stop or StopFlag()
+    writer = EventWriter(run_id, stream=stream, sink=store.record_event)
+    emit = writer.emit
+    run = store.get_run(run_id)
+    if run["status"] != "queued":
+        raise DPWError(
+            f"run {run_id} is {run['status']}, not queued; only a queued run can be executed",
+            hint="create a new run from its config (`dpw run`)",
+        )
+    phase = "reading the config"
+    try:
+        config = RunConfig.from_dict(run["config"])
+        store.mark_running(run_id)
+        emit("started", name=config.name, mechanism=config.mechanism, dataset=config.dataset,
+             config=config.to_dict(), config_hash=config.config_hash())
+        phase = "loading the data"
+        emit("progress", phase="loading", done=0, total=1)
+        from engine.runs import prepare
+
+        prepared = prepare(config, emit=emit)
+        phase = "training"
+        if stop():
+            result = None
+        else:
+            result = prepared.train(should_stop=stop)
+        phase = "saving the model"
+        summary = prepared.finish(result, store=store, out_dir=artifacts_dir(store, run_id), emit=emit)
+        status = "stopped" if result is None or result.stop_reason == "stopped" else "finished"
+        store.update_run(run_id, status=status, finished=now_iso(), summary=summary, **prepared.run_fields(result))
+        emit("finished", status=status, summary=summary)
+        return status
+    except Exception as exc:  # every failure is recorded; the store stays consistent
+        if isinstance(exc, DPWError):
+            message, hint = exc.message, exc.hint
+        else:
+            message = f"{type(exc).__name__}: {exc}"
+            hint = "this is a bug in DP Workbench; the traceback is in the run's error event"
+        store.update_run(run_id, status="failed", finished=now_iso(), error=message, error_hint=hint)
+        emit("error", message=message, where=phase, hint=hint,
+             traceback=None if isinstance(exc, DPWError) else traceback.format_exc())
+        emit("finished", status="failed", summary={"error": message})
+        return "failed"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.runner", description=__doc__.splitlines()[0])
+    parser.add_argument("run_id", type=int)
+    parser.add_argument("--db", required=True, help="the store file holding the queued run")
+    args = parser.parse_args(argv)
+    stop = StopFlag()
+    stop.install()
+    try:
+        store = Store(args.db)
+        status = execute(store, args.run_id, stream=sys.stdout, stop=stop)
+    except DPWError as exc:
+        print(f"error: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""), file=sys.stderr)
+        return 1
+    return 0 if status in ("finished", "stopped") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""From a RunConfig to a trained model: load the data, build the model, plan privacy, train, save.
+
+The runner calls `prepare(config)` then `.train()` and `.finish()`; tests can do the same
+in-process.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from engine.config import RunConfig
+from engine.datasets import Dataset, load_dataset
+from engine.dpsgd import trainer
+from engine.models import build_model, check_dp_compatible, default_model_for
+
+Emit = Callable[..., Any]
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+@dataclass
+class PreparedRun:
+    config: RunConfig
+    data: Dataset
+    model_name: str
+    model: torch.nn.Module
+    plan: trainer.PrivacyPlan
+    device: torch.device
+    emit: Emit
+
+    def train(self, should_stop: Callable[[], bool] = lambda: False) -> trainer.TrainResult:
+        return trainer.train(
+            self.model, self.data, self.config, self.plan, device=self.device, emit=self.emit, should_stop=should_stop
+        )
+
+    def run_fields(self, result: trainer.TrainResult | None) -> dict[str, Any]:
+        """Columns of the runs table that this run fills."""
+        fields: dict[str, Any] = {
+            "model": self.model_name,
+            "device": str(self.device),
+            "num_train": self.data.num_train,
+            "num_test": int(self.data.x_test.shape[0]),
+            "sample_rate": self.plan.sample_rate,
+            "noise_multiplier": self.plan.noise_multiplier,
+            "clipping_norm": self.config.clipping_norm if self.plan.private else None,
+            "steps_planned": self.plan.steps_planned,
+            "delta": self.config.delta if self.plan.private else None,
+            "accountant": self.plan.accountant if self.plan.private else None,
+        }
+        if result is not None:
+            fields.update(
+                steps_done=result.steps_done,
+                epochs_done=result.epochs_done,
+                accuracy=result.test_accuracy,
+                stop_reason=result.stop_reason,
+            )
+            if result.epsilon is not None:
+                fields.update(epsilon=result.epsilon.value, delta=result.epsilon.delta,
+                              accountant=result.epsilon.accountant)
+        return fields
+
+    def finish(self, result: trainer.TrainResult | None, *, store: Any, out_dir: Path, emit: Emit) -> dict[str, Any]:
+        """Save the trained model as an artifact; return the run's summary."""
+        summary: dict[str, Any] = {"stop_reason": "stopped" if result is None else result.stop_reason}
+        if result is None:
+            return summary
+        summary.update(
+            steps=result.steps_done,
+            epochs=round(result.epochs_done, 4),
+            test_accuracy=result.test_accuracy,
+            test_loss=result.test_loss,
+            seconds=round(result.seconds, 3),
+            samples_per_second=round(result.samples_processed / max(result.seconds, 1e-9), 1),
+        )
+        if result.epsilon is not None:
+            summary.update(epsilon=result.epsilon.value, delta=result.epsilon.delta, accountant=result.epsilon.accountant)
+        if self.plan.noise_multiplier is not None:
+            summary["noise_multiplier"] = self.plan.noise_multiplier
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / "model.pt"
+        torch.save(
+            {
+                "state_dict": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+                "model": self.model_name,
+                "input_shape": list(self.data.input_shape),
+                "num_classes": self.data.num_classes,
+                "normalization": self.data.normalization,
+                "class_names": list(self.data.class_names),
+                "config": self.config.to_dict(),
+            },
+            path,
+        )
+        from engine.runner import sha256_of
+
+        emit("artifact", kind="model", path=str(path), sha256=sha256_of(path))
+        return summary
+
+
+def prepare(config: RunConfig, *, emit: Emit = _noop) -> PreparedRun:
+    """Load the data, build the model and fix the privacy plan; emits a `plan` event."""
+    data = load_dataset(
+        config.dataset,
+        data_dir=config.data_dir,
+        label_column=config.label_column,
+        test_fraction=config.test_fraction,
+        seed=config.seed,
+        allow_download=config.allow_download,
+    )
+    config.check_against_dataset(data.num_train)
+    model_name = default_model_for(data) if config.model == "auto" else config.model
+    torch.manual_seed(config.seed)
+    model = build_model(model_name, input_shape=data.input_shape, num_classes=data.num_classes)
+    if config.mechanism == "dpsgd":
+        check_dp_compatible(model)
+    device = trainer.resolve_device(config.device)
+    plan = trainer.plan_privacy(config, data.num_train, emit)
+    emit(
+        "plan",
+        model=model_name,
+        device=str(device),
+        num_train=data.num_train,
+        num_test=int(data.x_test.shape[0]),
+        input_shape=list(data.input_shape),
+        num_classes=data.num_classes,
+        dataset_fingerprint=data.fingerprint,
+        normalization=json.loads(json.dumps(data.normalization)),
+        sample_rate=plan.sample_rate,
+        steps=plan.steps_planned,
+        steps_allowed=plan.steps_allowed,
+        noise_multiplier=plan.noise_multiplier,
+        noise_calibrated=plan.calibrated,
+        delta=plan.delta if plan.private else None,
+        accountant=plan.accountant if plan.private else None,
+        epsilon_budget=config.epsilon_budget,
+    )
+    if plan.steps_allowed < plan.steps_planned:
+        emit(
+            "warning",
+            message=f"the epsilon budget {config.epsilon_budget:g} allows {plan.steps_allowed} of the "
+            f"{plan.steps_planned} planned steps; training will stop there",
+        )
+    return PreparedRun(config, data, model_name, model, plan, device, emit)
