@@ -127,6 +127,73 @@ def predict(model: nn.Module, x: torch.Tensor, chunk: int = 2048) -> torch.Tenso
         return torch.cat([model(x[s : s + chunk]).argmax(1) for s in range(0, x.shape[0], chunk)])
 
 
+class DPSGDStep:
+    """One DP-SGD step on a Poisson-sampled logical batch: clip, sum, noise, scale, update."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        clipping_norm: float,
+        noise_multiplier: float,
+        expected_batch_size: int,
+        max_physical_batch_size: int,
+        noise_generator: torch.Generator,
+    ):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = optimizer
+        self.strategy = per_example_gradients(model)
+        self.clipping_norm = clipping_norm
+        self.noise_multiplier = noise_multiplier
+        self.expected_batch_size = expected_batch_size
+        self.max_physical_batch_size = max_physical_batch_size
+        self.noise_generator = noise_generator
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Update the model; returns the sum of the batch's per-example losses."""
+        loss_sum = torch.zeros((), device=x.device)
+        summed = [torch.zeros_like(p) for p in self.params]
+        for start in range(0, x.shape[0], self.max_physical_batch_size):
+            end = start + self.max_physical_batch_size
+            losses, part, _ = self.strategy.clipped_sum(x[start:end], y[start:end], self.clipping_norm)
+            loss_sum += losses.sum()
+            for total, value in zip(summed, part):
+                total += value
+        noisy = mechanism.add_gaussian_noise(
+            summed,
+            noise_multiplier=self.noise_multiplier,
+            clipping_norm=self.clipping_norm,
+            generator=self.noise_generator,
+        )
+        # Divide by the EXPECTED batch size (not the realised one, which depends on the data).
+        for p, g in zip(self.params, noisy):
+            p.grad = g / self.expected_batch_size
+        self.optimizer.step()
+        return float(loss_sum)
+
+    def close(self) -> None:
+        self.strategy.close()
+
+
+class NonPrivateStep:
+    """One plain SGD step on the batch's mean loss (the non-private baseline)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        self.model = model
+        self.optimizer = optimizer
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        return float(loss) * x.shape[0]
+
+    def close(self) -> None:
+        pass
+
+
 def train(
     model: nn.Module,
     data: Dataset,
@@ -146,8 +213,18 @@ def train(
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(config, params)
     sampler_gen = torch.Generator(device=device).manual_seed(config.seed * 2 + 1)
-    noise_gen = torch.Generator(device=device).manual_seed(config.seed * 2 + 2)
-    strategy = per_example_gradients(model) if plan.private else None
+    if plan.private:
+        step_fn = DPSGDStep(
+            model,
+            optimizer,
+            clipping_norm=config.clipping_norm,
+            noise_multiplier=plan.noise_multiplier,
+            expected_batch_size=config.expected_batch_size,
+            max_physical_batch_size=config.max_physical_batch_size,
+            noise_generator=torch.Generator(device=device).manual_seed(config.seed * 2 + 2),
+        )
+    else:
+        step_fn = NonPrivateStep(model, optimizer)
     live = (
         privacy.LiveAccountant(
             sample_rate=plan.sample_rate, noise_multiplier=plan.noise_multiplier, delta=plan.delta
@@ -182,34 +259,14 @@ def train(
             break
         if plan.private:
             idx = mechanism.poisson_sample(n, plan.sample_rate, sampler_gen)
-            loss_sum = 0.0
-            summed = [torch.zeros_like(p) for p in params]
-            for chunk in idx.split(config.max_physical_batch_size):
-                losses, part, _ = strategy.clipped_sum(x_train[chunk], y_train[chunk], config.clipping_norm)
-                loss_sum += float(losses.sum())
-                for s, v in zip(summed, part):
-                    s += v
-            noisy = mechanism.add_gaussian_noise(
-                summed,
-                noise_multiplier=plan.noise_multiplier,
-                clipping_norm=config.clipping_norm,
-                generator=noise_gen,
-            )
-            for p, g in zip(params, noisy):
-                p.grad = g / config.expected_batch_size
-            batch_size = int(idx.numel())
         else:
-            # Non-private baseline: shuffled fixed-size batches, plain mean-loss gradients.
+            # Non-private baseline: shuffled fixed-size batches.
             offset = (step * config.expected_batch_size) % n
             if shuffled is None or offset < config.expected_batch_size:
                 shuffled = torch.randperm(n, generator=sampler_gen, device=device)
             idx = shuffled[offset : offset + config.expected_batch_size]
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
-            loss.backward()
-            loss_sum = float(loss) * idx.numel()
-            batch_size = int(idx.numel())
-        optimizer.step()
+        loss_sum = step_fn(x_train[idx], y_train[idx])
+        batch_size = int(idx.numel())
         step += 1
         samples += batch_size
         epoch = step / steps_per_epoch
@@ -232,8 +289,7 @@ def train(
             model, x_test, y_test, step, step / steps_per_epoch, live, plan, emit
         )
     final_eps = live.epsilon_reported(plan.accountant) if live is not None else None
-    if strategy is not None:
-        strategy.close()
+    step_fn.close()
     return TrainResult(
         steps_done=step,
         epochs_done=step / steps_per_epoch,
