@@ -274,6 +274,19 @@ def run_details(store, run_ref: str) -> dict[str, Any]:
     }
 
 
+# ---- window ------------------------------------------------------------------------------------
+@cli.command()
+@db_option
+def gui(db: Path | None) -> None:
+    """Open the workbench window over the same store.
+
+    Example: dpw gui --db runs.sqlite
+    """
+    from workbench.app import main as gui_main  # Qt is imported only here, never by the engine
+
+    sys.exit(gui_main(db_path=db))
+
+
 # ---- registries --------------------------------------------------------------------------------
 @cli.command()
 def datasets() -> None:

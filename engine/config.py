@@ -100,6 +100,18 @@ class RunConfig:
         exclusive_minimum=True,
         group="data",
     )
+    train_subset: int | None = _spec(
+        None,
+        label="Training subset",
+        help="Train on a seeded random subset of this many training examples (quick trials); "
+        "the privacy guarantee is then stated for that subset. Unset: all of them.",
+        kind=int,
+        minimum=10,
+        maximum=100_000_000,
+        optional=True,
+        unit="examples",
+        group="data",
+    )
     allow_download: bool = _spec(
         False,
         label="Allow download",

@@ -6,6 +6,7 @@ in-process.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,18 @@ class PreparedRun:
         return summary
 
 
+def train_subset(data: Dataset, size: int, *, seed: int) -> Dataset:
+    """A seeded random subset of the training split (the test split is kept whole)."""
+    generator = torch.Generator().manual_seed(seed)
+    keep = torch.randperm(data.num_train, generator=generator)[:size].sort().values
+    return dataclasses.replace(
+        data,
+        x_train=data.x_train[keep],
+        y_train=data.y_train[keep],
+        split=(data.split + "; " if data.split else "") + f"training subset of {size} (seed {seed})",
+    )
+
+
 def prepare(config: RunConfig, *, emit: Emit = _noop) -> PreparedRun:
     """Load the data, build the model and fix the privacy plan; emits a `plan` event."""
     data = load_dataset(
@@ -113,6 +126,8 @@ def prepare(config: RunConfig, *, emit: Emit = _noop) -> PreparedRun:
         seed=config.seed,
         allow_download=config.allow_download,
     )
+    if config.train_subset is not None and config.train_subset < data.num_train:
+        data = train_subset(data, config.train_subset, seed=config.seed)
     config.check_against_dataset(data.num_train)
     model_name = default_model_for(data) if config.model == "auto" else config.model
     torch.manual_seed(config.seed)

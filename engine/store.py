@@ -92,6 +92,23 @@ def _migration_1(db: sqlite_utils.Database) -> None:
         {"run_id": int, "kind": str, "path": str, "sha256": str, "created": str},
         foreign_keys=[("run_id", "runs", "id")],
     )
+    # PATE: one row per student query. histogram is a JSON list of vote counts per class;
+    # label is the released label (NULL when the query was rejected); epsilon_cost is the
+    # query's share of the data-dependent privacy cost (NULL when not computed per query).
+    db["votes"].create(
+        {
+            "run_id": int,
+            "query_index": int,
+            "histogram": str,
+            "answered": int,
+            "label": int,
+            "true_label": int,
+            "epsilon_cost": float,
+            "epsilon_after": float,
+        },
+        foreign_keys=[("run_id", "runs", "id")],
+    )
+    db["votes"].create_index(["run_id", "query_index"], unique=True)
 
 
 MIGRATIONS = [_migration_1]
@@ -266,13 +283,28 @@ class Store:
             where, args = where + " and accountant = ?", args + [accountant]
         return list(self.db["privacy"].rows_where(where, args, order_by="step, rowid"))
 
+    def votes(self, run_id: int, *, start: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        """Vote rows of a PATE run in query order, histograms decoded."""
+        sql = "select * from votes where run_id = ? and query_index >= ? order by query_index"
+        args: list[Any] = [run_id, start]
+        if limit is not None:
+            sql += " limit ?"
+            args.append(limit)
+        cursor = self.db.conn.execute(sql, args)
+        names = [d[0] for d in cursor.description]
+        rows = [dict(zip(names, r)) for r in cursor.fetchall()]
+        for row in rows:
+            row["histogram"] = json.loads(row["histogram"])
+            row["answered"] = bool(row["answered"])
+        return rows
+
     def artifacts(self, run_id: int) -> list[dict[str, Any]]:
         return list(self.db["artifacts"].rows_where("run_id = ?", [run_id], order_by="rowid"))
 
     def table_counts(self, run_id: int) -> dict[str, int]:
         return {
             table: self.db.conn.execute(f"select count(*) from {table} where run_id = ?", [run_id]).fetchone()[0]
-            for table in ("metrics", "privacy", "events", "artifacts")
+            for table in ("metrics", "privacy", "events", "artifacts", "votes")
         }
 
     def insert_many(self, table: str, rows: Iterable[dict[str, Any]]) -> None:

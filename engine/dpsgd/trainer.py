@@ -8,6 +8,7 @@ every step; the budget is enforced before the step that would exceed it.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -19,10 +20,15 @@ from torch import nn
 from engine import privacy
 from engine.config import RunConfig
 from engine.datasets import Dataset
+from engine.errors import ConfigError, DPWError
 from engine.dpsgd import mechanism
 from engine.dpsgd.per_sample import per_example_gradients
 
 Emit = Callable[..., Any]
+
+
+class TrainingDiverged(DPWError):
+    """The loss became NaN or infinite."""
 
 
 @dataclass
@@ -92,8 +98,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        from engine.errors import ConfigError
-
         raise ConfigError("device", "'cuda' was asked for but no CUDA GPU is available", hint="use 'cpu' or 'auto'")
     return torch.device(name)
 
@@ -267,6 +271,11 @@ def train(
             idx = shuffled[offset : offset + config.expected_batch_size]
         loss_sum = step_fn(x_train[idx], y_train[idx])
         batch_size = int(idx.numel())
+        if not math.isfinite(loss_sum):
+            raise TrainingDiverged(
+                f"training diverged: the loss became {loss_sum} at step {step + 1}",
+                hint="lower the learning_rate (and check the data for extreme values)",
+            )
         step += 1
         samples += batch_size
         epoch = step / steps_per_epoch

@@ -1,0 +1,113 @@
+"""RunConfig: validation messages name the field, the value and the allowed range; TOML round trip."""
+
+from pathlib import Path
+
+import pytest
+
+from engine.config import RunConfig, collect_errors, config_fields
+from engine.errors import ConfigError
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "resources" / "examples"
+
+
+def test_toml_round_trip_keeps_every_field(tmp_path):
+    config = RunConfig(name="a", noise_multiplier=1.3, epochs=3, optimizer="adam", epsilon_budget=4.0, seed=7)
+    path = tmp_path / "run.toml"
+    config.save_toml(path)
+    assert RunConfig.load_toml(path) == config
+
+
+def test_config_hash_is_stable_and_ignores_the_name():
+    a = RunConfig(name="a", noise_multiplier=1.1)
+    assert a.config_hash() == RunConfig(name="b", noise_multiplier=1.1).config_hash()
+    assert a.config_hash() != RunConfig(name="a", noise_multiplier=1.2).config_hash()
+    shuffled = dict(reversed(list(a.to_dict().items())))
+    assert RunConfig.from_dict(shuffled).config_hash() == a.config_hash()
+
+
+@pytest.mark.parametrize(
+    "values, field, words",
+    [
+        ({"noise_multiplier": -1.0}, "noise_multiplier", ["-1", "> 0"]),
+        ({"noise_multiplier": 1.0, "clipping_norm": 0.0}, "clipping_norm", ["0", "> 0"]),
+        ({"noise_multiplier": 1.0, "delta": 1.0}, "delta", ["1", "< 1"]),
+        ({"noise_multiplier": 1.0, "epochs": 0}, "epochs", ["0", ">= 1"]),
+        ({"noise_multiplier": 1.0, "epochs": 2.5}, "epochs", ["2.5", "whole number"]),
+        ({"noise_multiplier": 1.0, "optimizer": "adagrad"}, "optimizer", ["adagrad", "'sgd'"]),
+        ({"noise_multiplier": 1.0, "device": "tpu"}, "device", ["tpu", "'cuda'"]),
+        ({"noise_multiplier": 1.0, "learning_rate": float("nan")}, "learning_rate", ["nan"]),
+        ({}, "noise_multiplier", ["noise multiplier or a target epsilon"]),
+        ({"noise_multiplier": 1.0, "target_epsilon": 2.0}, "target_epsilon", ["not both"]),
+        ({"target_epsilon": 5.0, "epsilon_budget": 3.0}, "target_epsilon", ["exceeds the epsilon budget 3"]),
+    ],
+)
+def test_invalid_values_are_refused_with_field_value_and_range(values, field, words):
+    with pytest.raises(ConfigError) as info:
+        RunConfig(**values)
+    assert info.value.field == field
+    text = str(info.value)
+    assert text.startswith(field + ":")
+    for word in words:
+        assert word in text
+
+
+def test_unknown_key_is_refused_with_a_suggestion():
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_dict({"noise_multiplier": 1.0, "epoch": 3})
+    assert info.value.field == "epoch"
+    assert "epochs" in info.value.hint
+
+
+def test_bad_toml_names_the_file(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("epochs = = 3\n")
+    with pytest.raises(ConfigError, match="bad.toml is not valid TOML"):
+        RunConfig.load_toml(path)
+
+
+def test_toml_integers_are_accepted_for_number_fields():
+    config = RunConfig.from_dict({"noise_multiplier": 1, "learning_rate": 2})
+    assert config.noise_multiplier == 1.0 and isinstance(config.learning_rate, float)
+
+
+def test_delta_of_one_over_n_or_more_is_refused_with_the_reason():
+    config = RunConfig(noise_multiplier=1.0, delta=1e-3)
+    config.check_against_dataset(999)  # 1e-3 < 1/999
+    with pytest.raises(ConfigError) as info:
+        config.check_against_dataset(1000)
+    assert info.value.field == "delta"
+    assert "1/N" in str(info.value) and "N = 1000" in str(info.value)
+    assert "releasing one person's example" in info.value.hint
+
+
+def test_non_private_baseline_needs_no_noise_and_ignores_delta_rule():
+    config = RunConfig(mechanism="none", delta=0.5, expected_batch_size=5)
+    config.check_against_dataset(10)
+
+
+def test_batch_larger_than_dataset_is_refused():
+    with pytest.raises(ConfigError, match="expected_batch_size"):
+        RunConfig(noise_multiplier=1.0, expected_batch_size=500).check_against_dataset(100)
+
+
+def test_steps_are_epochs_times_n_over_batch_rounded_up():
+    config = RunConfig(noise_multiplier=1.0, epochs=3, expected_batch_size=256)
+    assert config.steps_for(60000) == 704  # ceil(3 * 60000 / 256) = ceil(703.125)
+    assert config.sample_rate_for(60000) == pytest.approx(256 / 60000)
+
+
+def test_collect_errors_reports_every_bad_field_at_once():
+    errors = collect_errors({"epochs": 0, "learning_rate": -1.0, "mechanism": "dpsgd"})
+    assert {e.field for e in errors} == {"epochs", "learning_rate"}
+
+
+def test_every_field_has_a_spec_with_help_text():
+    for name, default, spec in config_fields():
+        assert spec.label and spec.help, name
+        if spec.choices:
+            assert default in spec.choices, name
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
+def test_every_example_config_is_valid(path):
+    RunConfig.load_toml(path)

@@ -1,0 +1,187 @@
+"""The runner process end to end on real data: tables filled, SIGTERM, SIGKILL, bad input, budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine import privacy
+from engine.config import RunConfig
+from engine.events import decode
+from engine.runner import sha256_of
+from engine.store import Store
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def start_runner(db: Path, run_id: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "engine.runner", str(run_id), "--db", str(db)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+
+
+def queue(tmp_path: Path, **values) -> tuple[Store, int]:
+    store = Store(tmp_path / "runs.sqlite")
+    return store, store.create_run(RunConfig(**values))
+
+
+def mnist_config(mnist_dir: Path, **changes) -> dict:
+    values = dict(
+        name="mnist-short",
+        dataset="mnist",
+        data_dir=str(mnist_dir.parent),
+        model="mnist_cnn",
+        noise_multiplier=1.0,
+        clipping_norm=1.0,
+        train_subset=2000,
+        expected_batch_size=100,
+        epochs=2,
+        learning_rate=0.5,
+        optimizer="momentum",
+        evaluations_per_epoch=2,
+        seed=3,
+    )
+    values.update(changes)
+    return values
+
+
+def read_events_until(proc: subprocess.Popen, predicate, timeout: float = 120.0) -> list[dict]:
+    events = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        event = decode(line)
+        if event is None:
+            continue
+        events.append(event)
+        if predicate(event):
+            return events
+    raise AssertionError(f"condition not reached; last events: {events[-3:]}")
+
+
+def test_short_real_mnist_run_fills_every_table(tmp_path, mnist_dir):
+    store, run_id = queue(tmp_path, **mnist_config(mnist_dir))
+    proc = start_runner(store.path, run_id)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    events = [e for e in map(decode, out.splitlines()) if e]
+    types = {e["type"] for e in events}
+    assert {"started", "plan", "progress", "metric", "privacy", "artifact", "finished"} <= types
+    assert events[0]["type"] == "started" and events[-1]["type"] == "finished"
+
+    run = store.get_run(run_id)
+    assert run["status"] == "finished" and run["stop_reason"] == "completed"
+    assert run["num_train"] == 2000 and run["steps_done"] == run["steps_planned"] == 40
+    counts = store.table_counts(run_id)
+    assert counts["metrics"] >= 40 and counts["privacy"] >= 40 and counts["artifacts"] == 1
+    assert counts["events"] == len(events)
+    assert run["accuracy"] > 0.5  # 40 noisy steps on 2,000 images already learn a lot
+
+    # The stored epsilon is the reported accountant's value for the steps taken.
+    expected = privacy.dpsgd_epsilon(sample_rate=100 / 2000, noise_multiplier=1.0, steps=40, delta=1e-5)
+    assert run["accountant"] == "pld"
+    assert run["epsilon"] == pytest.approx(expected.value, rel=1e-9)
+    live = [p["epsilon"] for p in store.privacy(run_id, "rdp")]
+    assert len(live) == 40 and live == sorted(live)
+    assert store.privacy(run_id, "pld")[-1]["epsilon"] == pytest.approx(run["epsilon"])
+
+    artifact = store.artifacts(run_id)[0]
+    assert sha256_of(Path(artifact["path"])) == artifact["sha256"]
+
+
+def test_sigterm_mid_run_leaves_a_consistent_stopped_run(tmp_path, mnist_dir):
+    store, run_id = queue(tmp_path, **mnist_config(mnist_dir, train_subset=10000, expected_batch_size=50, epochs=5))
+    proc = start_runner(store.path, run_id)
+    read_events_until(proc, lambda e: e["type"] == "privacy" and e["step"] >= 5)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    tail = [e for e in map(decode, out.splitlines()) if e]
+    assert tail[-1]["type"] == "finished" and tail[-1]["status"] == "stopped"
+
+    run = store.get_run(run_id)
+    assert run["status"] == "stopped" and run["stop_reason"] == "stopped"
+    done = run["steps_done"]
+    assert 5 <= done < run["steps_planned"]
+    # Every completed step is in the store, and nothing beyond it.
+    assert [m["step"] for m in store.metrics(run_id, "train_loss")] == list(range(1, done + 1))
+    assert [p["step"] for p in store.privacy(run_id, "rdp")] == list(range(1, done + 1))
+    expected = privacy.dpsgd_epsilon(sample_rate=50 / 10000, noise_multiplier=1.0, steps=done, delta=1e-5)
+    assert run["epsilon"] == pytest.approx(expected.value, rel=1e-9)
+    assert run["accuracy"] is not None and len(store.artifacts(run_id)) == 1
+
+
+def test_killed_runner_is_reported_as_failed_with_its_steps_kept(tmp_path, mnist_dir):
+    store, run_id = queue(tmp_path, **mnist_config(mnist_dir, train_subset=10000, expected_batch_size=50, epochs=5))
+    proc = start_runner(store.path, run_id)
+    read_events_until(proc, lambda e: e["type"] == "privacy" and e["step"] >= 3)
+    proc.kill()
+    proc.wait(timeout=30)
+    runs = {r["id"]: r for r in Store(store.path).list_runs()}
+    assert runs[run_id]["status"] == "failed"
+    assert "ended without reporting" in runs[run_id]["error"]
+    assert len(store.metrics(run_id, "train_loss")) >= 3
+
+
+def test_bad_data_file_fails_the_run_with_a_message_naming_it(tmp_path):
+    csv = tmp_path / "patients.csv"
+    csv.write_text("age,weight,outcome\n50,70,1\n60,80,0\n" * 20)
+    store, run_id = queue(tmp_path, name="bad", dataset=str(csv), label_column="diagnosis", noise_multiplier=1.0,
+                          expected_batch_size=8)
+    proc = start_runner(store.path, run_id)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    run = store.get_run(run_id)
+    assert run["status"] == "failed"
+    assert "diagnosis" in run["error"] and "Traceback" not in run["error"]
+    error = next(e for e in map(decode, out.splitlines()) if e and e["type"] == "error")
+    assert error["where"] == "loading the data" and error["message"] == run["error"]
+
+
+def test_delta_too_large_for_the_dataset_fails_naming_delta(tmp_path):
+    store, run_id = queue(tmp_path, name="d", dataset="digits", delta=1e-2, noise_multiplier=1.0,
+                          expected_batch_size=32)
+    assert start_runner(store.path, run_id).wait(timeout=120) == 1
+    assert store.get_run(run_id)["error"].startswith("delta:")
+
+
+def test_budget_stops_before_the_first_step_that_would_exceed_it(tmp_path):
+    q, sigma = 64 / 1437, 1.0  # digits: 1437 training examples at test_fraction 0.2
+    eps_at = lambda t: privacy.dpsgd_epsilon(sample_rate=q, noise_multiplier=sigma, steps=t, delta=1e-5).value
+    budget = (eps_at(12) + eps_at(13)) / 2
+    store, run_id = queue(tmp_path, name="b", dataset="digits", noise_multiplier=sigma, expected_batch_size=64,
+                          epochs=5, epsilon_budget=budget, learning_rate=0.5)
+    proc = start_runner(store.path, run_id)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    run = store.get_run(run_id)
+    assert run["num_train"] == 1437
+    assert run["steps_done"] == 12 and run["stop_reason"] == "budget" and run["status"] == "finished"
+    assert run["epsilon"] <= budget
+    assert all(p["epsilon"] <= budget for p in store.privacy(run_id, "pld"))
+    warnings = [e for e in map(decode, out.splitlines()) if e and e["type"] == "warning"]
+    assert any("budget" in w["message"] for w in warnings)
+
+
+def test_target_epsilon_is_met_by_the_calibrated_noise(tmp_path):
+    store, run_id = queue(tmp_path, name="t", dataset="digits", target_epsilon=2.0, expected_batch_size=64,
+                          epochs=2, learning_rate=0.5)
+    assert start_runner(store.path, run_id).wait(timeout=120) == 0
+    run = store.get_run(run_id)
+    assert run["epsilon"] <= 2.0
+    assert run["epsilon"] > 1.9  # calibrated to the target, not far below it
+    plan = next(e for e in store.events(run_id) if e["type"] == "plan")
+    assert plan["noise_calibrated"] is True and plan["noise_multiplier"] == run["noise_multiplier"]
