@@ -1,0 +1,1161 @@
+"""Dataset registry: every dataset a run can train on, loaded into one `Dataset` shape.
+
+Three sources resolve through `load_dataset(name_or_path)`:
+
+- registry names that need files in the data folder (`mnist`, `fashion-mnist`, `cifar10`, `svhn`),
+  downloaded only with `allow_download=True`; otherwise a `DataError` says which files go where;
+- built-ins that need no files (`digits`, `breast-cancer`, bundled with scikit-learn);
+- the user's own `.csv` (one label column, every other column numeric) or `.npz` (`x`, `y`,
+  optionally `x_test`, `y_test`).
+
+Normalization contract (the export code relies on it)::
+
+    x_normalized = (x_raw - mean) / std
+
+with `mean`/`std` from `Dataset.normalization`, one entry per channel (images, broadcast over
+height and width) or per feature (tables). For images `x_raw` is in [0, 1] (8-bit pixels / 255);
+the statistics are the population mean and standard deviation (ddof=0) of the train split only.
+A channel or feature that is constant on the train split gets std 1.0, so the formula never
+divides by zero. `Dataset.normalize(x_raw)` applies exactly this.
+
+Datasets without a standard test split (built-ins, CSV, NPZ without `x_test`) are split with a
+stratified, seeded split (`stratified_split`): the same seed gives the same split on any machine.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import io
+import math
+import os
+import struct
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from engine.errors import ConfigError, DataError
+
+IMAGE = "image"
+TABLE = "table"
+KINDS = (IMAGE, TABLE)
+
+DATA_DIR_ENV = "DPW_DATA_DIR"
+APP_NAME = "dp-workbench"
+
+
+# --------------------------------------------------------------------------------------------
+# Public types
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """A loaded dataset: normalized float32 inputs, int64 labels 0..num_classes-1, and provenance.
+
+    `normalization` holds {"mean": [...], "std": [...]} (see the module docstring for the exact
+    formula); `fingerprint` is a sha256 hex digest of the source data (decoded file contents or raw
+    arrays), identical across loads of the same data. The split parameters are not part of it.
+    """
+
+    name: str
+    kind: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    input_shape: tuple[int, ...]
+    num_classes: int
+    normalization: dict
+    fingerprint: str
+    class_names: tuple[str, ...]
+    source: str
+    split: str = ""  # how train/test came about, e.g. "stratified split: test_fraction=0.2, seed=0"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_shape", tuple(int(d) for d in self.input_shape))
+        object.__setattr__(self, "class_names", tuple(str(c) for c in self.class_names))
+        if self.kind not in KINDS:
+            raise DataError(f"dataset {self.name!r}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        for split_name, x, y in (("train", self.x_train, self.y_train), ("test", self.x_test, self.y_test)):
+            if tuple(x.shape[1:]) != self.input_shape:
+                raise DataError(
+                    f"dataset {self.name!r}: x_{split_name} has shape {tuple(x.shape)}, "
+                    f"expected (N, {', '.join(map(str, self.input_shape))})"
+                )
+            if y.ndim != 1 or len(y) != len(x):
+                raise DataError(
+                    f"dataset {self.name!r}: y_{split_name} has shape {tuple(y.shape)}, "
+                    f"expected ({len(x)},) to match x_{split_name}"
+                )
+
+    @property
+    def num_train(self) -> int:
+        return int(self.x_train.shape[0])
+
+    @property
+    def num_test(self) -> int:
+        return int(self.x_test.shape[0])
+
+    def normalize(self, x_raw: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """(x_raw - mean) / std for raw inputs of shape (*input_shape) or (N, *input_shape).
+
+        Images: x_raw in [0, 1]. This is the transform the training tensors went through.
+        """
+        x = torch.as_tensor(np.asarray(x_raw) if not isinstance(x_raw, torch.Tensor) else x_raw)
+        x = x.to(torch.float32)
+        mean = torch.tensor(self.normalization["mean"], dtype=torch.float32)
+        std = torch.tensor(self.normalization["std"], dtype=torch.float32)
+        if self.kind == IMAGE:
+            mean, std = mean.view(-1, 1, 1), std.view(-1, 1, 1)
+        return (x - mean) / std
+
+    def __repr__(self) -> str:
+        return (
+            f"Dataset(name={self.name!r}, kind={self.kind!r}, input_shape={self.input_shape}, "
+            f"num_classes={self.num_classes}, num_train={self.num_train}, num_test={self.num_test}, "
+            f"fingerprint={self.fingerprint[:12]}…)"
+        )
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """A registry entry: what a dataset is and, for file-based ones, which files it needs where.
+
+    `files` are file names inside `<data_dir>/<folder>/`; `archive` is the name of the archive they
+    come in when downloaded by hand (no URL: the user finds it under that name).
+    """
+
+    name: str
+    kind: str
+    description: str
+    needs_files: bool
+    files: tuple[str, ...] = ()
+    folder: str = ""
+    input_shape: tuple[int, ...] | None = None
+    num_classes: int | None = None
+    can_download: bool = False
+    archive: str = ""
+    aliases: tuple[str, ...] = ()
+    _loader: Callable[..., Dataset] | None = field(default=None, repr=False, compare=False)
+
+    def folder_in(self, data_dir: str | Path | None = None) -> Path:
+        """Where this dataset's files go: `<data_dir>/<folder>` (data_dir resolved like `resolve_data_dir`)."""
+        return resolve_data_dir(data_dir) / self.folder
+
+
+# --------------------------------------------------------------------------------------------
+# Data folder
+# --------------------------------------------------------------------------------------------
+
+
+def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
+    """The data folder: `data_dir` if given, else $DPW_DATA_DIR, else the per-user data folder.
+
+    The per-user folder is `platformdirs.user_data_dir("dp-workbench") / "data"`. Not created here.
+    """
+    if data_dir is not None and str(data_dir) != "":
+        return Path(data_dir).expanduser().absolute()
+    env = os.environ.get(DATA_DIR_ENV, "").strip()
+    if env:
+        return Path(env).expanduser().absolute()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir(APP_NAME)) / "data"
+
+
+# --------------------------------------------------------------------------------------------
+# Registry and entry points
+# --------------------------------------------------------------------------------------------
+
+MNIST_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
+CIFAR10_FOLDER = "cifar-10-batches-py"
+CIFAR10_FILES = tuple(
+    f"{CIFAR10_FOLDER}/{n}" for n in (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")
+)
+SVHN_FILES = ("train_32x32.mat", "test_32x32.mat")
+
+DIGIT_NAMES = tuple(str(i) for i in range(10))
+FASHION_NAMES = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)
+CIFAR10_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+
+def list_datasets() -> list[DatasetInfo]:
+    """Every registered dataset, in display order."""
+    return list(DATASETS.values())
+
+
+def dataset_info(name: str) -> DatasetInfo:
+    """The registry entry for `name` (aliases and case ignored); DataError if there is none."""
+    info = _lookup(name)
+    if info is None:
+        raise DataError(f"unknown dataset {name!r}; registered datasets are: {', '.join(DATASETS)}")
+    return info
+
+
+def load_dataset(
+    name_or_path: str | Path,
+    *,
+    data_dir: str | Path | None = None,
+    label_column: str = "label",
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    allow_download: bool = False,
+) -> Dataset:
+    """Load a registered dataset by name, or a user's `.csv` / `.npz` file by path.
+
+    `test_fraction` and `seed` apply only where the data has no standard test split (built-ins,
+    CSV, NPZ without x_test/y_test); `label_column` only to CSV; `data_dir` and `allow_download`
+    only to registered datasets that need files.
+    """
+    _check_split_args(test_fraction, seed)
+    info = _lookup(str(name_or_path)) if isinstance(name_or_path, str) else None
+    if info is not None:
+        assert info._loader is not None
+        return info._loader(
+            info,
+            data_dir=resolve_data_dir(data_dir) if info.needs_files else None,
+            label_column=label_column,
+            test_fraction=test_fraction,
+            seed=seed,
+            allow_download=allow_download,
+        )
+
+    path = Path(name_or_path).expanduser()
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".npz"):
+        if not path.exists():
+            raise DataError(f"{path}: file not found (looked at {path.absolute()}); check the path")
+        if not path.is_file():
+            raise DataError(f"{path}: is a folder, not a {suffix} file; give the path of the file itself")
+        if suffix == ".csv":
+            return _load_csv(path, label_column=label_column, test_fraction=test_fraction, seed=seed)
+        return _load_npz(path, test_fraction=test_fraction, seed=seed)
+    if suffix or os.sep in str(name_or_path) or "/" in str(name_or_path):
+        raise DataError(
+            f"{name_or_path}: unsupported data file type {suffix or '(no extension)'!r}; "
+            f"use a .csv file (one label column, numeric features) or a .npz file (arrays x and y)"
+        )
+    raise DataError(
+        f"unknown dataset {str(name_or_path)!r}; use one of: {', '.join(DATASETS)}, "
+        f"or the path of a .csv or .npz file"
+    )
+
+
+def find_missing_files(name: str, data_dir: str | Path | None = None) -> tuple[str, ...]:
+    """The files a registered dataset still needs in its folder (empty when ready or built-in)."""
+    info = dataset_info(name)
+    if not info.needs_files:
+        return ()
+    folder = info.folder_in(data_dir)
+    if info.name in ("mnist", "fashion-mnist"):
+        found = _find_idx_files(folder, _torchvision_raw_dir(info, resolve_data_dir(data_dir)))
+        return () if found is not None else tuple(n for n in info.files if _idx_candidate(folder, n) is None)
+    return tuple(n for n in info.files if not (folder / n).is_file())
+
+
+def _lookup(name: str) -> DatasetInfo | None:
+    key = name.strip().lower().replace("_", "-")
+    for info in DATASETS.values():
+        if key == info.name or key in info.aliases:
+            return info
+    return None
+
+
+def _check_split_args(test_fraction: float, seed: int) -> None:
+    if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) or not (
+        0.0 < float(test_fraction) < 1.0
+    ):
+        raise ConfigError(
+            "test_fraction",
+            f"{test_fraction!r} is not allowed; use a number strictly between 0 and 1 (e.g. 0.2)",
+        )
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError("seed", f"{seed!r} is not allowed; use a whole number >= 0")
+
+
+# --------------------------------------------------------------------------------------------
+# Shared building blocks
+# --------------------------------------------------------------------------------------------
+
+
+def stratified_split(y: np.ndarray, *, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded stratified split: (train_indices, test_indices), each sorted ascending.
+
+    Each class gives floor(n_c * test_fraction) examples to test; the remaining examples needed to
+    reach N * test_fraction (rounded half up) go to the classes with the largest fractional remainders (ties by
+    class order). A class keeps at least one train example. Within a class, which examples go to
+    test is drawn with numpy's PCG64 generator seeded by `seed`.
+    """
+    y = np.asarray(y)
+    n = len(y)
+    classes, y_idx = np.unique(y, return_inverse=True)
+    counts = np.bincount(y_idx, minlength=len(classes))
+    quota = counts * float(test_fraction)
+    n_test = np.minimum(np.floor(quota).astype(np.int64), counts - 1)
+    wanted = int(math.floor(n * float(test_fraction) + 0.5))
+    order = sorted(range(len(classes)), key=lambda c: (-(quota[c] - math.floor(quota[c])), c))
+    for c in order:
+        if int(n_test.sum()) >= wanted:
+            break
+        if n_test[c] < counts[c] - 1:
+            n_test[c] += 1
+    rng = np.random.default_rng(seed)
+    train_parts, test_parts = [], []
+    for c in range(len(classes)):
+        members = rng.permutation(np.flatnonzero(y_idx == c))
+        test_parts.append(members[: n_test[c]])
+        train_parts.append(members[n_test[c]:])
+    train = np.sort(np.concatenate(train_parts)) if train_parts else np.zeros(0, np.int64)
+    test = np.sort(np.concatenate(test_parts)) if test_parts else np.zeros(0, np.int64)
+    return train, test
+
+
+def _split_or_fail(y: np.ndarray, *, test_fraction: float, seed: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+    train, test = stratified_split(y, test_fraction=test_fraction, seed=seed)
+    if len(train) == 0 or len(test) == 0:
+        raise DataError(
+            f"{what}: {len(y)} examples are too few to split with test_fraction={test_fraction} "
+            f"({len(train)} train, {len(test)} test); add examples or change test_fraction"
+        )
+    return train, test
+
+
+def _encode_labels(values: np.ndarray, *, what: str) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Map labels (ints, integral floats or strings) to 0..K-1 in sorted order; names are the originals."""
+    values = np.asarray(values)
+    if values.dtype.kind in "biuf":
+        numeric = values.astype(np.float64)
+    else:
+        strings = np.array([str(v).strip() for v in values.tolist()], dtype=object)
+        numeric = None
+        try:
+            numeric = np.array([float(s) for s in strings], dtype=np.float64)
+        except ValueError:
+            pass
+        if numeric is None or not np.all(np.isfinite(numeric)):
+            classes = sorted(set(strings.tolist()))
+            if "" in classes:
+                raise DataError(f"{what}: some labels are empty; give every example a class")
+            lookup = {c: i for i, c in enumerate(classes)}
+            return np.array([lookup[s] for s in strings], dtype=np.int64), tuple(classes)
+    if not np.all(np.isfinite(numeric)):
+        raise DataError(f"{what}: labels contain NaN or infinity; give every example a class")
+    if not np.all(numeric == np.round(numeric)):
+        example = numeric[numeric != np.round(numeric)][0]
+        raise DataError(
+            f"{what}: labels must be classes (whole numbers or names), found the fraction {example:g}; "
+            f"this looks like a regression target, which DP Workbench does not train"
+        )
+    ints = numeric.astype(np.int64)
+    classes, y = np.unique(ints, return_inverse=True)
+    return y.astype(np.int64), tuple(str(int(c)) for c in classes)
+
+
+def _need_two_classes(class_names: Sequence[str], *, what: str) -> None:
+    if len(class_names) < 2:
+        found = f"only the class {class_names[0]!r}" if class_names else "no classes"
+        raise DataError(f"{what}: the labels hold {found}; classification needs at least 2 classes")
+
+
+def _channel_stats(x: np.ndarray) -> tuple[list[float], list[float]]:
+    """Per-channel population mean and std of images (N, C, H, W), uint8 (/255) or float in [0, 1]."""
+    n, c = x.shape[0], x.shape[1]
+    means, stds = [], []
+    for ch in range(c):
+        plane = x[:, ch]
+        if x.dtype == np.uint8:
+            # Exact: from the histogram of 8-bit values, no float accumulation error.
+            counts = np.bincount(plane.reshape(-1), minlength=256).astype(np.int64)
+            v = np.arange(256, dtype=np.int64)
+            total = counts.sum()
+            s1 = int((counts * v).sum())
+            s2 = int((counts * v * v).sum())
+            mean = s1 / total / 255.0
+            var = max(s2 / total / 255.0**2 - mean * mean, 0.0)
+        else:
+            mean = float(plane.mean(dtype=np.float64))
+            var = 0.0
+            step = max(1, 4_000_000 // max(1, plane[0].size))
+            for i in range(0, n, step):
+                d = plane[i : i + step].astype(np.float64) - mean
+                var += float((d * d).sum())
+            var /= plane.size
+        std = math.sqrt(var)
+        means.append(float(mean))
+        stds.append(float(std) if std > 1e-12 else 1.0)
+    return means, stds
+
+
+def _image_tensor(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """uint8 (/255) or float [0, 1] images (N, C, H, W) -> normalized float32 tensor."""
+    if x.dtype == np.uint8:
+        t = torch.from_numpy(x.astype(np.float32)).div_(255.0)
+    else:
+        t = torch.from_numpy(np.array(x, dtype=np.float32, order="C", copy=True))
+    m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+    return t.sub_(m).div_(s)
+
+
+def _image_dataset(
+    *,
+    name: str,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    class_names: Sequence[str],
+    fingerprint: str,
+    source: str,
+    split: str,
+) -> Dataset:
+    mean, std = _channel_stats(x_train)
+    return Dataset(
+        name=name,
+        kind=IMAGE,
+        x_train=_image_tensor(x_train, mean, std),
+        y_train=torch.from_numpy(np.ascontiguousarray(y_train, dtype=np.int64)),
+        x_test=_image_tensor(x_test, mean, std),
+        y_test=torch.from_numpy(np.ascontiguousarray(y_test, dtype=np.int64)),
+        input_shape=tuple(x_train.shape[1:]),
+        num_classes=len(class_names),
+        normalization={"mean": mean, "std": std},
+        fingerprint=fingerprint,
+        class_names=tuple(class_names),
+        source=source,
+        split=split,
+    )
+
+
+def _table_dataset(
+    *,
+    name: str,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    class_names: Sequence[str],
+    fingerprint: str,
+    source: str,
+    split: str,
+) -> Dataset:
+    x_train = np.asarray(x_train, dtype=np.float64)
+    x_test = np.asarray(x_test, dtype=np.float64)
+    mean = x_train.mean(axis=0)
+    std = x_train.std(axis=0)
+    std = np.where(std > 1e-12, std, 1.0)
+
+    def norm(x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(((x - mean) / std).astype(np.float32))
+
+    return Dataset(
+        name=name,
+        kind=TABLE,
+        x_train=norm(x_train),
+        y_train=torch.from_numpy(np.ascontiguousarray(y_train, dtype=np.int64)),
+        x_test=norm(x_test),
+        y_test=torch.from_numpy(np.ascontiguousarray(y_test, dtype=np.int64)),
+        input_shape=(x_train.shape[1],),
+        num_classes=len(class_names),
+        normalization={"mean": [float(v) for v in mean], "std": [float(v) for v in std]},
+        fingerprint=fingerprint,
+        class_names=tuple(class_names),
+        source=source,
+        split=split,
+    )
+
+
+def _hash_arrays(tag: str, *arrays: np.ndarray) -> str:
+    """sha256 over a tag and each array's dtype, shape and little-endian C-order bytes."""
+    h = hashlib.sha256(tag.encode())
+    for a in arrays:
+        a = np.asarray(a)
+        a = a.astype(a.dtype.newbyteorder("<"), copy=False) if a.dtype.byteorder == ">" else a
+        h.update(f"|{a.dtype.str}|{a.shape}|".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def _hash_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _split_text(test_fraction: float, seed: int) -> str:
+    return f"stratified split: test_fraction={test_fraction}, seed={seed}"
+
+
+# --------------------------------------------------------------------------------------------
+# MNIST and Fashion-MNIST (IDX files, parsed here)
+# --------------------------------------------------------------------------------------------
+
+
+def _read_maybe_gzip(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read the file ({e.strerror or e}); check its permissions") from e
+    if data[:2] == b"\x1f\x8b":
+        try:
+            return gzip.decompress(data)
+        except (EOFError, OSError, zlib.error) as e:
+            raise DataError(
+                f"{path}: the gzip data is corrupt or truncated ({e}); download or copy the file again"
+            ) from e
+    return data
+
+
+def _read_idx(path: Path, *, ndim: int) -> tuple[np.ndarray, bytes]:
+    """Parse an unsigned-byte IDX file (magic 0x0000080N); returns (array, decoded bytes)."""
+    raw = _read_maybe_gzip(path)
+    expected_magic = 0x0800 + ndim
+    what = "images" if ndim == 3 else "labels"
+    if len(raw) < 4:
+        raise DataError(
+            f"{path}: only {len(raw)} bytes, not an IDX {what} file (expected magic number "
+            f"0x{expected_magic:08X}); download or copy the file again"
+        )
+    magic = struct.unpack(">I", raw[:4])[0]
+    if magic != expected_magic:
+        raise DataError(
+            f"{path}: magic number 0x{magic:08X} is not 0x{expected_magic:08X} (IDX unsigned-byte {what}, "
+            f"{ndim} dimension{'s' if ndim > 1 else ''}); the file is corrupt, compressed twice, "
+            f"or a different file; download or copy it again"
+        )
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataError(f"{path}: truncated IDX header ({len(raw)} of {header} bytes); download or copy the file again")
+    dims = struct.unpack(">" + "I" * ndim, raw[4:header])
+    expected = header + math.prod(dims)
+    if len(raw) != expected:
+        state = "truncated" if len(raw) < expected else "longer than its header says"
+        raise DataError(
+            f"{path}: {state}: header gives shape {dims} = {expected} bytes, the file has {len(raw)}; "
+            f"download or copy the file again"
+        )
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims), raw
+
+
+def _idx_candidate(folder: Path, gz_name: str) -> Path | None:
+    for name in (gz_name, gz_name[:-3]):
+        p = folder / name
+        if p.is_file():
+            return p
+    return None
+
+
+def _find_idx_files(*folders: Path) -> dict[str, Path] | None:
+    """The first folder holding all four IDX files (.gz or uncompressed)."""
+    for folder in folders:
+        found = {n: _idx_candidate(folder, n) for n in MNIST_FILES}
+        if all(found.values()):
+            return found  # type: ignore[return-value]
+    return None
+
+
+def _torchvision_raw_dir(info: DatasetInfo, data_dir: Path) -> Path:
+    # Where torchvision.datasets.MNIST / FashionMNIST put their downloads; accepted as a fallback.
+    return data_dir / ("MNIST" if info.name == "mnist" else "FashionMNIST") / "raw"
+
+
+def _download_idx(info: DatasetInfo, folder: Path) -> None:
+    from torchvision.datasets import FashionMNIST, MNIST
+    from torchvision.datasets.utils import download_url
+
+    cls = MNIST if info.name == "mnist" else FashionMNIST
+    folder.mkdir(parents=True, exist_ok=True)
+    for filename, md5 in cls.resources:
+        last: Exception | None = None
+        for mirror in cls.mirrors:
+            try:
+                download_url(f"{mirror}{filename}", root=str(folder), filename=filename, md5=md5)
+                last = None
+                break
+            except Exception as e:  # noqa: BLE001 - any failure means: try the next mirror
+                last = e
+        if last is not None:
+            raise last
+
+
+def _download(info: DatasetInfo, folder: Path, fetch: Callable[[DatasetInfo, Path], None]) -> None:
+    try:
+        fetch(info, folder)
+    except DataError:
+        raise
+    except Exception as e:  # noqa: BLE001 - network, disk, checksum: all reported the same way
+        raise DataError(
+            f"{info.name}: download into {folder} failed ({type(e).__name__}: {e}); "
+            f"{_manual_instructions(info, folder)}"
+        ) from e
+
+
+def _manual_instructions(info: DatasetInfo, folder: Path) -> str:
+    if info.name in ("mnist", "fashion-mnist"):
+        return f"put the four IDX files {', '.join(info.files)} (gzip'd or uncompressed) in {folder}"
+    if info.name == "cifar10":
+        return (
+            f"put the archive {info.archive} in {folder} (it is unpacked on first use) or unpack it there "
+            f"so that {folder / CIFAR10_FOLDER} holds data_batch_1..5, test_batch and batches.meta"
+        )
+    return f"put {', '.join(info.files)} (the SVHN 'cropped digits' format 2 files) in {folder}"
+
+
+def _missing_files_error(info: DatasetInfo, folder: Path, missing: Sequence[str]) -> DataError:
+    where = "the folder does not exist" if not folder.exists() else f"missing: {', '.join(missing)}"
+    return DataError(
+        f"{info.name}: dataset files not found in {folder} ({where}); {_manual_instructions(info, folder)}, "
+        f"point the data folder there (data_dir or ${DATA_DIR_ENV}), or allow downloading",
+        hint="set allow_download to fetch the files when this machine has network access",
+    )
+
+
+def _load_idx_dataset(info: DatasetInfo, *, data_dir: Path, allow_download: bool, **_: object) -> Dataset:
+    folder = data_dir / info.folder
+    found = _find_idx_files(folder, _torchvision_raw_dir(info, data_dir))
+    if found is None and allow_download:
+        _download(info, folder, _download_idx)
+        found = _find_idx_files(folder)
+    if found is None:
+        missing = [n for n in info.files if _idx_candidate(folder, n) is None]
+        raise _missing_files_error(info, folder, missing)
+
+    tr_x, tr_x_raw = _read_idx(found[MNIST_FILES[0]], ndim=3)
+    tr_y, tr_y_raw = _read_idx(found[MNIST_FILES[1]], ndim=1)
+    te_x, te_x_raw = _read_idx(found[MNIST_FILES[2]], ndim=3)
+    te_y, te_y_raw = _read_idx(found[MNIST_FILES[3]], ndim=1)
+    for x_name, x, y_name, y in (
+        (MNIST_FILES[0], tr_x, MNIST_FILES[1], tr_y),
+        (MNIST_FILES[2], te_x, MNIST_FILES[3], te_y),
+    ):
+        x_path, y_path = found[x_name], found[y_name]
+        if x.shape[1:] != (28, 28):
+            raise DataError(
+                f"{x_path}: images are {x.shape[1]}x{x.shape[2]}, {info.name} images are 28x28; "
+                f"this is not the {info.name} file, replace it"
+            )
+        if len(x) != len(y):
+            raise DataError(
+                f"{y_path}: {len(y)} labels but {x_path.name} has {len(x)} images; "
+                f"the two files do not belong together, replace them with a matching pair"
+            )
+        if len(y) == 0:
+            raise DataError(f"{y_path}: holds no examples; replace it with the full {info.name} file")
+        if int(y.max()) > 9:
+            raise DataError(
+                f"{y_path}: label {int(y.max())} is out of range 0..9; the file is corrupt, replace it"
+            )
+
+    h = hashlib.sha256(f"idx:{info.name}".encode())
+    for raw in (tr_x_raw, tr_y_raw, te_x_raw, te_y_raw):
+        h.update(len(raw).to_bytes(8, "little"))
+        h.update(raw)
+    return _image_dataset(
+        name=info.name,
+        x_train=tr_x[:, None],
+        y_train=tr_y.astype(np.int64),
+        x_test=te_x[:, None],
+        y_test=te_y.astype(np.int64),
+        class_names=DIGIT_NAMES if info.name == "mnist" else FASHION_NAMES,
+        fingerprint=h.hexdigest(),
+        source=", ".join(str(found[n]) for n in MNIST_FILES),
+        split=f"standard train/test files ({len(tr_y)}/{len(te_y)})",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# CIFAR-10 and SVHN (through torchvision.datasets)
+# --------------------------------------------------------------------------------------------
+
+
+def _download_cifar10(info: DatasetInfo, folder: Path) -> None:
+    from torchvision.datasets import CIFAR10
+
+    folder.mkdir(parents=True, exist_ok=True)
+    CIFAR10(str(folder), train=True, download=True)
+
+
+def _download_svhn(info: DatasetInfo, folder: Path) -> None:
+    from torchvision.datasets import SVHN
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "test"):
+        SVHN(str(folder), split=split, download=True)
+
+
+def _load_cifar10(info: DatasetInfo, *, data_dir: Path, allow_download: bool, **_: object) -> Dataset:
+    folder = data_dir / info.folder
+    missing = [n for n in info.files if not (folder / n).is_file()]
+    archive = folder / info.archive
+    if missing and archive.is_file():
+        from torchvision.datasets.utils import extract_archive
+
+        try:
+            extract_archive(str(archive), str(folder))
+        except Exception as e:  # noqa: BLE001 - tarfile/gzip raise many types
+            raise DataError(
+                f"{archive}: cannot unpack the archive ({type(e).__name__}: {e}); it is corrupt or "
+                f"incomplete, download it again"
+            ) from e
+        missing = [n for n in info.files if not (folder / n).is_file()]
+    if missing and allow_download:
+        _download(info, folder, _download_cifar10)
+        missing = [n for n in info.files if not (folder / n).is_file()]
+    if missing:
+        raise _missing_files_error(info, folder, missing)
+
+    from torchvision.datasets import CIFAR10
+
+    try:
+        train = CIFAR10(str(folder), train=True, download=False)
+        test = CIFAR10(str(folder), train=False, download=False)
+    except Exception as e:  # noqa: BLE001 - torchvision: RuntimeError on checksum, pickle errors
+        raise DataError(
+            f"{folder / CIFAR10_FOLDER}: the CIFAR-10 files failed torchvision's checksum check or could "
+            f"not be read ({type(e).__name__}: {e}); replace them with a fresh copy of {info.archive}"
+        ) from e
+    x_tr = np.ascontiguousarray(np.asarray(train.data, dtype=np.uint8).transpose(0, 3, 1, 2))
+    x_te = np.ascontiguousarray(np.asarray(test.data, dtype=np.uint8).transpose(0, 3, 1, 2))
+    y_tr = np.asarray(train.targets, dtype=np.int64)
+    y_te = np.asarray(test.targets, dtype=np.int64)
+    return _image_dataset(
+        name=info.name,
+        x_train=x_tr,
+        y_train=y_tr,
+        x_test=x_te,
+        y_test=y_te,
+        class_names=tuple(getattr(train, "classes", CIFAR10_NAMES)),
+        fingerprint=_hash_arrays("cifar10", x_tr, y_tr, x_te, y_te),
+        source=str(folder / CIFAR10_FOLDER),
+        split=f"standard train/test files ({len(y_tr)}/{len(y_te)})",
+    )
+
+
+def _load_svhn(info: DatasetInfo, *, data_dir: Path, allow_download: bool, **_: object) -> Dataset:
+    folder = data_dir / info.folder
+    missing = [n for n in info.files if not (folder / n).is_file()]
+    if missing and allow_download:
+        _download(info, folder, _download_svhn)
+        missing = [n for n in info.files if not (folder / n).is_file()]
+    if missing:
+        raise _missing_files_error(info, folder, missing)
+
+    from torchvision.datasets import SVHN
+
+    parts = {}
+    for split, filename in zip(("train", "test"), info.files):
+        try:
+            parts[split] = SVHN(str(folder), split=split, download=False)
+        except Exception as e:  # noqa: BLE001 - torchvision: RuntimeError on checksum, scipy errors
+            raise DataError(
+                f"{folder / filename}: failed torchvision's checksum check or could not be read "
+                f"({type(e).__name__}: {e}); replace it with a fresh copy of {filename}"
+            ) from e
+    # torchvision already maps SVHN's label 10 (digit zero) to 0 and stores images as (N, 3, 32, 32).
+    x_tr = np.ascontiguousarray(parts["train"].data, dtype=np.uint8)
+    x_te = np.ascontiguousarray(parts["test"].data, dtype=np.uint8)
+    y_tr = np.asarray(parts["train"].labels, dtype=np.int64)
+    y_te = np.asarray(parts["test"].labels, dtype=np.int64)
+    return _image_dataset(
+        name=info.name,
+        x_train=x_tr,
+        y_train=y_tr,
+        x_test=x_te,
+        y_test=y_te,
+        class_names=DIGIT_NAMES,
+        fingerprint=_hash_arrays("svhn", x_tr, y_tr, x_te, y_te),
+        source=", ".join(str(folder / n) for n in info.files),
+        split=f"standard train/test files ({len(y_tr)}/{len(y_te)})",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Built-ins (scikit-learn bundled, no files, no network)
+# --------------------------------------------------------------------------------------------
+
+
+def _load_digits(info: DatasetInfo, *, test_fraction: float, seed: int, **_: object) -> Dataset:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    raw = np.asarray(bunch.images, dtype=np.float64)  # (1797, 8, 8), values 0..16
+    y = np.asarray(bunch.target, dtype=np.int64)
+    x = (raw / 16.0)[:, None].astype(np.float32)
+    train, test = _split_or_fail(y, test_fraction=test_fraction, seed=seed, what=info.name)
+    return _image_dataset(
+        name=info.name,
+        x_train=x[train],
+        y_train=y[train],
+        x_test=x[test],
+        y_test=y[test],
+        class_names=DIGIT_NAMES,
+        fingerprint=_hash_arrays("sklearn:digits", raw, y),
+        source="scikit-learn bundled (sklearn.datasets.load_digits)",
+        split=_split_text(test_fraction, seed),
+    )
+
+
+def _load_breast_cancer(info: DatasetInfo, *, test_fraction: float, seed: int, **_: object) -> Dataset:
+    from sklearn.datasets import load_breast_cancer
+
+    bunch = load_breast_cancer()
+    x = np.asarray(bunch.data, dtype=np.float64)
+    y = np.asarray(bunch.target, dtype=np.int64)
+    train, test = _split_or_fail(y, test_fraction=test_fraction, seed=seed, what=info.name)
+    return _table_dataset(
+        name=info.name,
+        x_train=x[train],
+        y_train=y[train],
+        x_test=x[test],
+        y_test=y[test],
+        class_names=tuple(str(n) for n in bunch.target_names),
+        fingerprint=_hash_arrays("sklearn:breast_cancer", x, y),
+        source="scikit-learn bundled (sklearn.datasets.load_breast_cancer)",
+        split=_split_text(test_fraction, seed),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# User files: CSV and NPZ
+# --------------------------------------------------------------------------------------------
+
+
+def _load_csv(path: Path, *, label_column: str, test_fraction: float, seed: int) -> Dataset:
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (bad byte at offset {e.start}); save the CSV as UTF-8") from e
+    reader = csv.reader(io.StringIO(text))
+    rows: list[tuple[int, list[str]]] = []
+    try:
+        for row in reader:
+            if row and any(cell.strip() for cell in row):
+                rows.append((reader.line_num, row))
+    except csv.Error as e:
+        raise DataError(
+            f"{path}, line {reader.line_num}: cannot parse as CSV ({e}); fix the quoting on that line"
+        ) from e
+    if not rows:
+        raise DataError(
+            f"{path}: the file is empty; expected a header row of column names (one of them {label_column!r}) "
+            f"and one row per example"
+        )
+    header = [h.strip() for h in rows[0][1]]
+    if label_column not in header:
+        hint = ""
+        if len(header) == 1 and any(sep in header[0] for sep in ";\t|"):
+            hint = " (the header looks like it uses ';', tab or '|' between columns; save the file with commas)"
+        raise DataError(
+            f"{path}: no label column {label_column!r}; the columns are: {', '.join(map(repr, header))}{hint}; "
+            f"set label_column to the column that holds the classes"
+        )
+    duplicates = sorted({h for h in header if header.count(h) > 1})
+    if duplicates:
+        raise DataError(f"{path}: column name(s) {', '.join(map(repr, duplicates))} appear more than once; rename them")
+    body = rows[1:]
+    if not body:
+        raise DataError(f"{path}: has a header but no data rows; add one row per example")
+    label_at = header.index(label_column)
+    feature_at = [i for i in range(len(header)) if i != label_at]
+    if not feature_at:
+        raise DataError(f"{path}: only the label column {label_column!r}; add at least one numeric feature column")
+    for line, row in body:
+        if len(row) != len(header):
+            raise DataError(
+                f"{path}, line {line}: {len(row)} values but the header has {len(header)} columns; "
+                f"every row needs one value per column"
+            )
+
+    cells = [[row[i] for i in feature_at] for _, row in body]
+    try:
+        x = np.array(cells, dtype=np.str_).astype(np.float64)
+        bad = None if np.all(np.isfinite(x)) else "nonfinite"
+    except ValueError:
+        bad = "text"
+    if bad is not None:
+        for (line, row), values in zip(body, cells):
+            for col, value in zip(feature_at, values):
+                name = header[col]
+                try:
+                    number = float(value)
+                except ValueError:
+                    shown = "is empty (a missing value)" if not value.strip() else f"{value.strip()!r} is not a number"
+                    raise DataError(
+                        f"{path}, line {line}, column {name!r}: {shown}; every column except the label column "
+                        f"{label_column!r} must hold numbers, so fill it in, drop the row, or encode/drop the column"
+                    ) from None
+                if not math.isfinite(number):
+                    raise DataError(
+                        f"{path}, line {line}, column {name!r}: {value.strip()!r} is not a finite number; "
+                        f"replace missing values (NaN) and infinities, or drop the row"
+                    )
+        raise DataError(f"{path}: cannot read the feature columns as numbers; check the file")  # pragma: no cover
+
+    labels = [row[label_at] for _, row in body]
+    for (line, _), value in zip(body, labels):
+        if not value.strip():
+            raise DataError(
+                f"{path}, line {line}, column {label_column!r}: the label is empty; give every row a class or drop it"
+            )
+    y, class_names = _encode_labels(np.array(labels, dtype=object), what=f"{path}, column {label_column!r}")
+    _need_two_classes(class_names, what=f"{path}, column {label_column!r}")
+    train, test = _split_or_fail(y, test_fraction=test_fraction, seed=seed, what=str(path))
+    return _table_dataset(
+        name=path.name,
+        x_train=x[train],
+        y_train=y[train],
+        x_test=x[test],
+        y_test=y[test],
+        class_names=class_names,
+        fingerprint=hashlib.sha256(data).hexdigest(),
+        source=str(path.absolute()),
+        split=_split_text(test_fraction, seed),
+    )
+
+
+_NPZ_LAYOUT = "arrays x (examples) and y (labels), optionally x_test and y_test"
+
+
+def _load_npz(path: Path, *, test_fraction: float, seed: int) -> Dataset:
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+        raise DataError(
+            f"{path}: cannot read as an .npz archive ({e}); save it with numpy.savez(path, x=..., y=...)"
+        ) from e
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise DataError(f"{path}: holds a single array, not an .npz archive with {_NPZ_LAYOUT}; use numpy.savez")
+    with archive:
+        keys = set(archive.files)
+        missing = [k for k in ("x", "y") if k not in keys]
+        if missing:
+            raise DataError(
+                f"{path}: missing array(s) {', '.join(missing)}; found: {', '.join(sorted(keys)) or 'none'}; "
+                f"expected {_NPZ_LAYOUT}"
+            )
+        if ("x_test" in keys) != ("y_test" in keys):
+            have, lack = ("x_test", "y_test") if "x_test" in keys else ("y_test", "x_test")
+            raise DataError(f"{path}: has {have} but no {lack}; give both or neither (then a split is drawn)")
+        arrays = {}
+        for k in ("x", "y", "x_test", "y_test"):
+            if k in keys:
+                try:
+                    arrays[k] = archive[k]
+                except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+                    raise DataError(
+                        f"{path}: array {k!r} cannot be read ({e}); store plain numeric or string arrays"
+                    ) from e
+
+    x, y = arrays["x"], _labels_1d(arrays["y"], path=path, key="y")
+    _check_features(x, path=path, key="x")
+    if len(x) != len(y):
+        raise DataError(f"{path}: x has {len(x)} examples but y has {len(y)} labels; they must have the same length")
+    if len(x) == 0:
+        raise DataError(f"{path}: x holds no examples")
+    has_test = "x_test" in arrays
+    if has_test:
+        x_test, y_test = arrays["x_test"], _labels_1d(arrays["y_test"], path=path, key="y_test")
+        _check_features(x_test, path=path, key="x_test")
+        if x_test.shape[1:] != x.shape[1:]:
+            raise DataError(
+                f"{path}: x_test examples have shape {x_test.shape[1:]} but x examples have {x.shape[1:]}; "
+                f"they must match"
+            )
+        if len(x_test) != len(y_test):
+            raise DataError(
+                f"{path}: x_test has {len(x_test)} examples but y_test has {len(y_test)} labels; "
+                f"they must have the same length"
+            )
+        if len(x_test) == 0:
+            raise DataError(f"{path}: x_test holds no examples; drop x_test/y_test to draw a split instead")
+        numeric = y.dtype.kind in "biuf" and y_test.dtype.kind in "biuf"
+        both = np.concatenate([y, y_test]) if numeric else np.array([*map(str, y), *map(str, y_test)], dtype=object)
+        y_all, class_names = _encode_labels(both, what=f"{path}, arrays y/y_test")
+        y_enc, y_test_enc = y_all[: len(y)], y_all[len(y):]
+    else:
+        y_enc, class_names = _encode_labels(y, what=f"{path}, array y")
+    _need_two_classes(class_names, what=f"{path}, array y")
+
+    is_image = x.ndim in (3, 4)
+    x = _as_image(x, path=path, key="x") if is_image else _as_table(x, path=path, key="x")
+    fingerprint = _hash_file(path)
+    if has_test:
+        x_te = _as_image(x_test, path=path, key="x_test") if is_image else _as_table(x_test, path=path, key="x_test")
+        x_tr, y_tr, y_te = x, y_enc, y_test_enc
+        split = f"train/test arrays from the file ({len(y_tr)}/{len(y_te)})"
+    else:
+        train, test = _split_or_fail(y_enc, test_fraction=test_fraction, seed=seed, what=str(path))
+        x_tr, y_tr, x_te, y_te = x[train], y_enc[train], x[test], y_enc[test]
+        split = _split_text(test_fraction, seed)
+    build = _image_dataset if is_image else _table_dataset
+    return build(
+        name=path.name,
+        x_train=x_tr,
+        y_train=y_tr,
+        x_test=x_te,
+        y_test=y_te,
+        class_names=class_names,
+        fingerprint=fingerprint,
+        source=str(path.absolute()),
+        split=split,
+    )
+
+
+def _labels_1d(y: np.ndarray, *, path: Path, key: str) -> np.ndarray:
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1:
+        raise DataError(
+            f"{path}: array {key!r} has shape {y.shape}; labels must be one class per example, shape (N,) "
+            f"(for one-hot labels save y.argmax(axis=1))"
+        )
+    if y.dtype.kind not in "biufUS":
+        raise DataError(f"{path}: array {key!r} has dtype {y.dtype}; labels must be integers or strings")
+    return y
+
+
+def _check_features(x: np.ndarray, *, path: Path, key: str) -> None:
+    if x.dtype.kind not in "biuf":
+        raise DataError(f"{path}: array {key!r} has dtype {x.dtype}; inputs must be numbers")
+    if x.ndim not in (2, 3, 4):
+        raise DataError(
+            f"{path}: array {key!r} has shape {x.shape}; use (N, features) for a table, "
+            f"(N, H, W) or (N, C, H, W) for images"
+        )
+    if x.ndim == 4 and x.shape[1] > 4 and x.shape[3] in (1, 3, 4):
+        raise DataError(
+            f"{path}: array {key!r} has shape {x.shape}, which looks channels-last (N, H, W, C); "
+            f"images must be (N, C, H, W): save {key}.transpose(0, 3, 1, 2)"
+        )
+
+
+def _as_image(x: np.ndarray, *, path: Path, key: str) -> np.ndarray:
+    """(N, H, W) or (N, C, H, W) -> (N, C, H, W), uint8 0..255 or float32 in [0, 1]."""
+    if x.ndim == 3:
+        x = x[:, None]
+    if x.dtype.kind == "b":
+        return x.astype(np.float32)
+    if x.dtype.kind in "iu":
+        lo, hi = int(x.min()), int(x.max())
+        if lo < 0 or hi > 255:
+            raise DataError(
+                f"{path}: integer images in {key!r} range over {lo}..{hi}; integer pixels must be 0..255 "
+                f"(or store floats in [0, 1])"
+            )
+        return x.astype(np.uint8)
+    if not np.all(np.isfinite(x)):
+        raise DataError(f"{path}: images in {key!r} contain NaN or infinity; replace them")
+    lo, hi = float(x.min()), float(x.max())
+    if lo < 0.0 or hi > 1.0:
+        raise DataError(
+            f"{path}: float images in {key!r} range over {lo:g}..{hi:g}; float pixels must be in [0, 1] "
+            f"(divide 8-bit pixels by 255; do not normalize them yourself, the loader does)"
+        )
+    return x.astype(np.float32)
+
+
+def _as_table(x: np.ndarray, *, path: Path, key: str) -> np.ndarray:
+    x = x.astype(np.float64)
+    if not np.all(np.isfinite(x)):
+        row, col = np.argwhere(~np.isfinite(x))[0]
+        raise DataError(
+            f"{path}: {key}[{row}, {col}] is {x[row, col]}; replace missing values (NaN) and infinities"
+        )
+    return x
+
+
+# --------------------------------------------------------------------------------------------
+# The registry
+# --------------------------------------------------------------------------------------------
+
+DATASETS: dict[str, DatasetInfo] = {
+    info.name: info
+    for info in (
+        DatasetInfo(
+            name="mnist",
+            kind=IMAGE,
+            description="MNIST handwritten digits: 60,000 train / 10,000 test grayscale 28x28 images, 10 classes",
+            needs_files=True,
+            files=MNIST_FILES,
+            folder="mnist",
+            input_shape=(1, 28, 28),
+            num_classes=10,
+            can_download=True,
+            _loader=_load_idx_dataset,
+        ),
+        DatasetInfo(
+            name="fashion-mnist",
+            kind=IMAGE,
+            description="Fashion-MNIST clothing: 60,000 train / 10,000 test grayscale 28x28 images, 10 classes",
+            needs_files=True,
+            files=MNIST_FILES,
+            folder="fashion-mnist",
+            input_shape=(1, 28, 28),
+            num_classes=10,
+            can_download=True,
+            aliases=("fashionmnist", "fmnist"),
+            _loader=_load_idx_dataset,
+        ),
+        DatasetInfo(
+            name="cifar10",
+            kind=IMAGE,
+            description="CIFAR-10: 50,000 train / 10,000 test colour 32x32 images, 10 classes",
+            needs_files=True,
+            files=CIFAR10_FILES,
+            folder="cifar10",
+            input_shape=(3, 32, 32),
+            num_classes=10,
+            can_download=True,
+            archive="cifar-10-python.tar.gz",
+            aliases=("cifar-10",),
+            _loader=_load_cifar10,
+        ),
+        DatasetInfo(
+            name="svhn",
+            kind=IMAGE,
+            description="SVHN house numbers: 73,257 train / 26,032 test colour 32x32 digit crops, 10 classes",
+            needs_files=True,
+            files=SVHN_FILES,
+            folder="svhn",
+            input_shape=(3, 32, 32),
+            num_classes=10,
+            can_download=True,
+            _loader=_load_svhn,
+        ),
+        DatasetInfo(
+            name="digits",
+            kind=IMAGE,
+            description="scikit-learn digits: 1,797 grayscale 8x8 images, 10 classes; built in, no download",
+            needs_files=False,
+            input_shape=(1, 8, 8),
+            num_classes=10,
+            _loader=_load_digits,
+        ),
+        DatasetInfo(
+            name="breast-cancer",
+            kind=TABLE,
+            description="Wisconsin breast cancer: 569 rows, 30 numeric features, 2 classes; built in, no download",
+            needs_files=False,
+            input_shape=(30,),
+            num_classes=2,
+            _loader=_load_breast_cancer,
+        ),
+    )
+}

@@ -1,0 +1,130 @@
+"""`dpw`: one-line errors, JSON outputs, fast privacy commands, and the README's commands exist."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from engine import privacy
+from engine.cli import cli
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def dpw(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=600, **kwargs)
+
+
+def test_privacy_dpsgd_json_matches_the_library_and_does_not_import_torch():
+    code = (
+        "import sys; from engine.cli import main; sys.argv=['dpw','privacy','dpsgd','--sample-rate','0.01',"
+        "'--noise-multiplier','1.1','--steps','1000','--delta','1e-5','--json'];\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    expected = privacy.dpsgd_epsilon(sample_rate=0.01, noise_multiplier=1.1, steps=1000, delta=1e-5)
+    assert result == {"epsilon": expected.value, "delta": 1e-5, "accountant": "pld"}
+
+
+def test_privacy_calibrate_json_round_trips():
+    result = CliRunner().invoke(cli, ["privacy", "calibrate", "--sample-rate", "0.01", "--steps", "1000",
+                                      "--epsilon", "2", "--delta", "1e-5", "--json"])
+    assert result.exit_code == 0, result.output
+    sigma = json.loads(result.output)["noise_multiplier"]
+    eps = privacy.dpsgd_epsilon(sample_rate=0.01, noise_multiplier=sigma, steps=1000, delta=1e-5).value
+    assert eps <= 2.0
+    assert privacy.dpsgd_epsilon(sample_rate=0.01, noise_multiplier=sigma - 0.01, steps=1000, delta=1e-5).value > 2.0
+
+
+def test_privacy_rdp_accountant_is_selectable():
+    result = CliRunner().invoke(cli, ["privacy", "dpsgd", "--sample-rate", "0.01", "--noise-multiplier", "1.1",
+                                      "--steps", "1000", "--delta", "1e-5", "--accountant", "rdp", "--json"])
+    assert json.loads(result.output)["accountant"] == "rdp"
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["privacy", "dpsgd", "--sample-rate", "1.5", "--noise-multiplier", "1", "--steps", "10", "--delta", "1e-5"],
+         ["--sample-rate", "1.5"]),
+        (["privacy", "dpsgd", "--sample-rate", "0.1", "--noise-multiplier", "1", "--steps", "10", "--delta", "1"],
+         ["--delta", "1"]),
+        (["show", "999"], ["no run with id 999"]),
+    ],
+)
+def test_user_errors_are_one_line_without_traceback(tmp_path, args, words):
+    result = CliRunner().invoke(cli, [*args, *(["--db", str(tmp_path / "r.sqlite")] if args[0] == "show" else [])])
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output
+    for word in words:
+        assert word in result.output
+
+
+def test_bad_config_file_is_one_line_naming_the_field(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('dataset = "digits"\nnoise_multiplier = -2.0\n')
+    result = CliRunner().invoke(cli, ["run", str(bad), "--db", str(tmp_path / "r.sqlite")])
+    assert result.exit_code == 1
+    assert result.output.strip().startswith("error: noise_multiplier: -2 is out of range")
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_run_list_and_show_on_a_tiny_real_run(tmp_path):
+    config = tmp_path / "digits.toml"
+    config.write_text('name = "tiny"\ndataset = "digits"\nnoise_multiplier = 1.0\nexpected_batch_size = 64\n'
+                      'epochs = 1\nlearning_rate = 0.5\n')
+    db = str(tmp_path / "r.sqlite")
+    ran = dpw("run", str(config), "--db", db)
+    assert ran.returncode == 0, ran.stderr
+    assert "run 1 (tiny): finished" in ran.stdout
+    assert re.search(r"ε = \d+\.\d+, δ = 1e-05 \(pld\)", ran.stdout)
+
+    listed = json.loads(dpw("list", "--db", db, "--json").stdout)
+    assert len(listed) == 1
+    row = listed[0]
+    assert set(row) == {"id", "name", "mechanism", "dataset", "status", "epsilon", "delta", "budget", "accuracy"}
+    assert row["status"] == "finished" and row["epsilon"] > 0 and 0 <= row["accuracy"] <= 1
+
+    shown = json.loads(dpw("show", "tiny", "--db", db, "--json").stdout)
+    assert shown["run"]["id"] == 1 and shown["rows"]["privacy"] > 0 and shown["artifacts"]
+
+
+def test_readme_commands_name_existing_commands_and_options():
+    """Every `dpw ...` line in the README names a real command and real options."""
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    lines = [l.split("#")[0].strip() for b in blocks for l in b.splitlines() if l.strip().startswith("dpw ")]
+    assert lines, "the README shows no dpw command"
+    for line in lines:
+        words = line.split()[1:]
+        command = cli
+        while isinstance(command, click.Group):
+            assert words and words[0] in command.commands, f"unknown command in README: {line}"
+            command = command.commands[words.pop(0)]
+        options = {o for p in command.params for o in getattr(p, "opts", [])}
+        for word in words:
+            if word.startswith("--"):
+                assert word in options, f"README uses unknown option {word} in: {line}"
+
+
+def test_engine_never_imports_qt():
+    code = (
+        "import sys, pkgutil, importlib, engine\n"
+        "for m in pkgutil.walk_packages(engine.__path__, 'engine.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "bad = [m for m in sys.modules if m.startswith(('PySide6', 'PyQt', 'pyqtgraph'))]\n"
+        "assert not bad, bad\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr
