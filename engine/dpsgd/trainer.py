@@ -192,7 +192,7 @@ class NonPrivateStep:
         loss = F.cross_entropy(self.model(x), y)
         loss.backward()
         self.optimizer.step()
-        return float(loss) * x.shape[0]
+        return float(loss.detach()) * x.shape[0]
 
     def close(self) -> None:
         pass
