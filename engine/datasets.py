@@ -13,10 +13,12 @@ Normalization contract (the export code relies on it)::
     x_normalized = (x_raw - mean) / std
 
 with `mean`/`std` from `Dataset.normalization`, one entry per channel (images, broadcast over
-height and width) or per feature (tables). For images `x_raw` is in [0, 1] (8-bit pixels / 255);
-the statistics are the population mean and standard deviation (ddof=0) of the train split only.
-A channel or feature that is constant on the train split gets std 1.0, so the formula never
-divides by zero. `Dataset.normalize(x_raw)` applies exactly this.
+height and width) or per feature (tables). For images `x_raw` is in [0, 1] (8-bit pixels / 255)
+and mean = std = 0.5 for every channel: fixed constants, because statistics of the private
+training split would leave with the model without any guarantee. Tables are standardized with
+the population mean and standard deviation (ddof=0) of the train split (a feature that is
+constant there gets std 1.0); `normalization["source"]` says which, and the privacy report states
+that table statistics are not covered by the guarantee. `Dataset.normalize(x_raw)` applies exactly this.
 
 Datasets without a standard test split (built-ins, CSV, NPZ without `x_test`) are split with a
 stratified, seeded split (`stratified_split`): the same seed gives the same split on any machine.
@@ -47,6 +49,8 @@ TABLE = "table"
 KINDS = (IMAGE, TABLE)
 
 DATA_DIR_ENV = "DPW_DATA_DIR"
+IMAGE_MEAN = 0.5  # images: x_normalized = (x_raw - 0.5) / 0.5, in [-1, 1] for pixels in [0, 1]
+IMAGE_STD = 0.5
 APP_NAME = "dp-workbench"
 
 
@@ -371,35 +375,6 @@ def _need_two_classes(class_names: Sequence[str], *, what: str) -> None:
         raise DataError(f"{what}: the labels hold {found}; classification needs at least 2 classes")
 
 
-def _channel_stats(x: np.ndarray) -> tuple[list[float], list[float]]:
-    """Per-channel population mean and std of images (N, C, H, W), uint8 (/255) or float in [0, 1]."""
-    n, c = x.shape[0], x.shape[1]
-    means, stds = [], []
-    for ch in range(c):
-        plane = x[:, ch]
-        if x.dtype == np.uint8:
-            # Exact: from the histogram of 8-bit values, no float accumulation error.
-            counts = np.bincount(plane.reshape(-1), minlength=256).astype(np.int64)
-            v = np.arange(256, dtype=np.int64)
-            total = counts.sum()
-            s1 = int((counts * v).sum())
-            s2 = int((counts * v * v).sum())
-            mean = s1 / total / 255.0
-            var = max(s2 / total / 255.0**2 - mean * mean, 0.0)
-        else:
-            mean = float(plane.mean(dtype=np.float64))
-            var = 0.0
-            step = max(1, 4_000_000 // max(1, plane[0].size))
-            for i in range(0, n, step):
-                d = plane[i : i + step].astype(np.float64) - mean
-                var += float((d * d).sum())
-            var /= plane.size
-        std = math.sqrt(var)
-        means.append(float(mean))
-        stds.append(float(std) if std > 1e-12 else 1.0)
-    return means, stds
-
-
 def _image_tensor(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """uint8 (/255) or float [0, 1] images (N, C, H, W) -> normalized float32 tensor."""
     if x.dtype == np.uint8:
@@ -423,7 +398,10 @@ def _image_dataset(
     source: str,
     split: str,
 ) -> Dataset:
-    mean, std = _channel_stats(x_train)
+    # Fixed, data-independent constants: statistics of the private training split would be
+    # released with the model without any privacy guarantee.
+    channels = x_train.shape[1]
+    mean, std = [IMAGE_MEAN] * channels, [IMAGE_STD] * channels
     return Dataset(
         name=name,
         kind=IMAGE,
@@ -433,7 +411,7 @@ def _image_dataset(
         y_test=torch.from_numpy(np.ascontiguousarray(y_test, dtype=np.int64)),
         input_shape=tuple(x_train.shape[1:]),
         num_classes=len(class_names),
-        normalization={"mean": mean, "std": std},
+        normalization={"mean": mean, "std": std, "source": "fixed constants (independent of the data)"},
         fingerprint=fingerprint,
         class_names=tuple(class_names),
         source=source,
@@ -471,7 +449,11 @@ def _table_dataset(
         y_test=torch.from_numpy(np.ascontiguousarray(y_test, dtype=np.int64)),
         input_shape=(x_train.shape[1],),
         num_classes=len(class_names),
-        normalization={"mean": [float(v) for v in mean], "std": [float(v) for v in std]},
+        normalization={
+            "mean": [float(v) for v in mean],
+            "std": [float(v) for v in std],
+            "source": "training split statistics (computed without noise: not covered by the guarantee)",
+        },
         fingerprint=fingerprint,
         class_names=tuple(class_names),
         source=source,

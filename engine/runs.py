@@ -84,6 +84,9 @@ class PreparedRun:
             summary.update(epsilon=result.epsilon.value, delta=result.epsilon.delta, accountant=result.epsilon.accountant)
         if self.plan.noise_multiplier is not None:
             summary["noise_multiplier"] = self.plan.noise_multiplier
+        summary["per_class_accuracy"] = per_class_accuracy(
+            trainer.predict(self.model, self.data.x_test.to(self.device)).cpu(), self.data.y_test, self.data.class_names
+        )
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / "model.pt"
         torch.save(
@@ -102,6 +105,16 @@ class PreparedRun:
 
         emit("artifact", kind="model", path=str(path), sha256=sha256_of(path))
         return summary
+
+
+def per_class_accuracy(predicted: torch.Tensor, target: torch.Tensor, class_names) -> dict[str, float | None]:
+    """Test accuracy of each class (None for a class absent from the test split)."""
+    result: dict[str, float | None] = {}
+    for index, name in enumerate(class_names):
+        mask = target == index
+        count = int(mask.sum())
+        result[str(name)] = float((predicted[mask] == index).float().mean()) if count else None
+    return result
 
 
 def train_subset(data: Dataset, size: int, *, seed: int) -> Dataset:

@@ -93,14 +93,13 @@ def test_mnist_has_the_standard_splits_shapes_and_labels(mnist: Dataset, mnist_d
     assert str(mnist_dir) in mnist.source
 
 
-def test_mnist_normalization_is_recorded_and_standardizes_the_train_split(mnist: Dataset):
-    # The well-known MNIST pixel statistics (raw pixels / 255).
-    assert mnist.normalization["mean"] == pytest.approx([0.1307], abs=1e-4)
-    assert mnist.normalization["std"] == pytest.approx([0.3081], abs=1e-4)
-    assert abs(mnist.x_train.double().mean().item()) < 1e-4
-    assert abs(mnist.x_train.double().std().item() - 1.0) < 1e-4
-    # The test split uses the train statistics, so it is close to, but not exactly, standardized.
-    assert abs(mnist.x_test.double().mean().item()) < 0.05
+def test_image_normalization_is_fixed_and_independent_of_the_private_data(mnist: Dataset):
+    # Statistics of the training split would leave with the model without a guarantee.
+    assert mnist.normalization["mean"] == [0.5] and mnist.normalization["std"] == [0.5]
+    assert "independent of the data" in mnist.normalization["source"]
+    # Pixels in [0, 1] map to [-1, 1]; MNIST's mean pixel 0.1307 maps to about -0.739.
+    assert mnist.x_train.min().item() == -1.0 and mnist.x_train.max().item() == 1.0
+    assert mnist.x_train.double().mean().item() == pytest.approx(2 * 0.1307 - 1, abs=1e-3)
 
 
 def test_mnist_normalize_reproduces_the_training_tensors_from_raw_pixels(mnist: Dataset, mnist_dir: Path):
@@ -138,8 +137,7 @@ def test_uncompressed_and_gzipped_idx_give_the_same_data_and_fingerprint(tmp_pat
     assert a.num_train == 20 and a.num_test == 10
     assert a.y_train.tolist() == arrays[MNIST_FILES[1]].tolist()
     raw = arrays[MNIST_FILES[0]] / 255.0
-    assert a.normalization["mean"][0] == pytest.approx(raw.mean(), abs=1e-12)
-    assert a.normalization["std"][0] == pytest.approx(raw.std(), abs=1e-12)
+    assert torch.allclose(a.x_train[:, 0], torch.as_tensor((raw - 0.5) / 0.5, dtype=torch.float32), atol=1e-6)
 
 
 def test_fingerprint_changes_when_a_pixel_changes(tmp_path: Path):
@@ -322,7 +320,6 @@ def test_digits_loads_as_8x8_images_scaled_to_unit_range():
     assert d.num_train + d.num_test == 1797 and d.num_test == round(1797 * 0.2)
     raw = d.x_train * d.normalization["std"][0] + d.normalization["mean"][0]
     assert raw.min().item() == pytest.approx(0.0, abs=1e-6) and raw.max().item() == pytest.approx(1.0, abs=1e-6)
-    assert abs(d.x_train.double().mean().item()) < 1e-5 and abs(d.x_train.double().std().item() - 1) < 1e-3
     assert d.source.startswith("scikit-learn bundled")
 
 
@@ -471,7 +468,7 @@ def test_npz_uint8_images_are_scaled_and_given_a_channel(tmp_path: Path):
     d = load_dataset(str(path))
     assert d.kind == "image" and d.input_shape == (1, 6, 5)
     assert d.num_train == 30 and d.num_test == 7 and "from the file" in d.split
-    assert d.normalization["mean"][0] == pytest.approx((x / 255.0).mean(), abs=1e-12)
+    assert torch.allclose(d.x_train, torch.as_tensor((x[:, None] / 255.0 - 0.5) / 0.5, dtype=torch.float32), atol=1e-6)
     assert torch.allclose(d.x_test[3], d.normalize(x_test[3][None] / 255.0), atol=1e-5)
 
 
