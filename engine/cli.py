@@ -274,6 +274,41 @@ def run_details(store, run_ref: str) -> dict[str, Any]:
     }
 
 
+# ---- export and report -------------------------------------------------------------------------
+@cli.command()
+@click.argument("run_ref")
+@db_option
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Folder for model.safetensors, model.pt2, model.onnx and model_card.json.")
+def export(run_ref: str, db: Path | None, out_dir: Path) -> None:
+    """Export a run's trained model (the student, for PATE) with its model card.
+
+    Example: dpw export 3 --out exported/
+    """
+    from engine.export import export_run
+
+    files = export_run(open_store(db), run_ref, out_dir)
+    for name, digest in files.items():
+        click.echo(f"{out_dir / name}  {digest}")
+
+
+@cli.command()
+@click.argument("run_ref")
+@db_option
+@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="FILE.html, FILE.pdf or FILE.json (the format follows the extension).")
+@click.option("--include-votes", is_flag=True,
+              help="Include PATE's raw teacher vote histograms (private data: the report then says so at its top).")
+def report(run_ref: str, db: Path | None, out_file: Path, include_votes: bool) -> None:
+    """Write a run's privacy report: the guarantee, how it was obtained, utility, caveats.
+
+    Example: dpw report 3 --out report.pdf
+    """
+    from engine.report import write_report
+
+    click.echo(write_report(open_store(db), run_ref, out_file, include_votes=include_votes))
+
+
 # ---- window ------------------------------------------------------------------------------------
 @cli.command()
 @db_option

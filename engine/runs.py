@@ -107,6 +107,20 @@ class PreparedRun:
         return summary
 
 
+def software_versions() -> dict[str, str]:
+    """Versions of what trained the model, recorded with the run for its report."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {"python": platform.python_version()}
+    for package in ("dp-workbench", "torch", "numpy", "scipy"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
 def per_class_accuracy(predicted: torch.Tensor, target: torch.Tensor, class_names) -> dict[str, float | None]:
     """Test accuracy of each class (None for a class absent from the test split)."""
     result: dict[str, float | None] = {}
@@ -167,6 +181,7 @@ def prepare(config: RunConfig, *, emit: Emit = _noop) -> PreparedRun:
         delta=plan.delta if plan.private else None,
         accountant=plan.accountant if plan.private else None,
         epsilon_budget=config.epsilon_budget,
+        software=software_versions(),
     )
     if plan.steps_allowed < plan.steps_planned:
         emit(

@@ -1,0 +1,151 @@
+"""Export a run's trained model in forms others can deploy: safetensors + model card,
+a torch.export program and ONNX, each taking inputs as the user has them.
+
+Only the released model is exported: the DP-SGD model, or the student of a PATE run. PATE
+teachers saw raw private data and carry no guarantee, so exporting them is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.errors import DPWError
+from engine.runner import sha256_of
+from engine.store import Store
+
+REFUSED_KINDS = {
+    "teacher": "PATE teachers saw raw private data and carry no privacy guarantee; "
+    "only the student, trained on privately released labels, can be exported",
+    "teachers": "PATE teachers saw raw private data and carry no privacy guarantee; "
+    "only the student, trained on privately released labels, can be exported",
+}
+
+
+class RawInputModel(nn.Module):
+    """The trained model behind the recorded normalization: takes raw inputs, returns logits.
+
+    Images: float tensors in [0, 1] shaped (B, C, H, W); tables: rows (B, F) as in the data file.
+    """
+
+    def __init__(self, model: nn.Module, mean: list[float], std: list[float], input_shape: tuple[int, ...]):
+        super().__init__()
+        self.model = model
+        shape = (len(mean),) + (1,) * (len(input_shape) - 1) if len(input_shape) > 1 else (len(mean),)
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(shape))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model((x - self.mean) / self.std)
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    run: dict[str, Any]
+    model: nn.Module  # takes normalized inputs
+    meta: dict[str, Any]  # what runs.finish saved beside the weights
+    artifact: dict[str, Any]
+
+    def raw_input_model(self) -> RawInputModel:
+        norm = self.meta["normalization"]
+        return RawInputModel(self.model, norm["mean"], norm["std"], tuple(self.meta["input_shape"])).eval()
+
+
+def load_trained_model(store: Store, run_ref: str | int, *, kind: str = "model") -> TrainedModel:
+    """The released model of a finished or stopped run, rebuilt from its saved weights."""
+    from engine.models import build_model
+
+    run = store.find_run(run_ref)
+    if kind in REFUSED_KINDS:
+        raise DPWError(f"cannot export the {kind} of run {run['id']}: {REFUSED_KINDS[kind]}")
+    artifacts = [a for a in store.artifacts(run["id"]) if a["kind"] == kind]
+    if not artifacts:
+        raise DPWError(
+            f"run {run['id']} ({run['name']}) has no trained model to export (status: {run['status']})",
+            hint="only runs that trained (finished, or stopped after some steps) have a model",
+        )
+    artifact = artifacts[-1]
+    path = Path(artifact["path"])
+    if not path.is_file():
+        raise DPWError(f"the model file of run {run['id']} is missing: {path}")
+    if artifact.get("sha256") and sha256_of(path) != artifact["sha256"]:
+        raise DPWError(f"the model file of run {run['id']} was changed after training: {path} (sha256 differs)")
+    meta = torch.load(path, map_location="cpu", weights_only=True)
+    model = build_model(meta["model"], input_shape=tuple(meta["input_shape"]), num_classes=meta["num_classes"])
+    model.load_state_dict(meta["state_dict"])
+    model.eval()
+    return TrainedModel(run=run, model=model, meta=meta, artifact=artifact)
+
+
+def model_card(trained: TrainedModel, files: dict[str, str]) -> dict[str, Any]:
+    """What a deployer needs to know: inputs, outputs, the guarantee, provenance, files."""
+    from engine.report import privacy_statement, software_versions
+
+    run, meta = trained.run, trained.meta
+    image = len(meta["input_shape"]) > 1
+    return {
+        "format": "dp-workbench model card v1",
+        "run": {"id": run["id"], "name": run["name"], "config_hash": run["config_hash"]},
+        "model": meta["model"],
+        "mechanism": run["mechanism"],
+        "input": {
+            "shape": ["batch", *meta["input_shape"]],
+            "dtype": "float32",
+            "values": "pixels scaled to [0, 1]" if image else "feature values as in the data file",
+            "normalization": meta["normalization"],
+            "normalization_applied_by": {
+                "model.safetensors": "you: x = (x_raw - mean) / std before the model",
+                "model.pt2": "the program itself",
+                "model.onnx": "the program itself",
+            },
+        },
+        "output": {"logits": ["batch", meta["num_classes"]], "class_names": meta["class_names"]},
+        "test_accuracy": run.get("accuracy"),
+        "privacy": privacy_statement(run),
+        "software": software_versions(),
+        "files": files,
+    }
+
+
+def export_run(store: Store, run_ref: str | int, out_dir: str | Path, *, kind: str = "model") -> dict[str, str]:
+    """Write model.safetensors, model.pt2, model.onnx and model_card.json; returns {file: sha256}."""
+    from safetensors.torch import save_file
+
+    trained = load_trained_model(store, run_ref, kind=kind)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    wrapped = trained.raw_input_model()
+    example = torch.rand(2, *trained.meta["input_shape"])
+    files: dict[str, str] = {}
+
+    save_file({k: v.contiguous() for k, v in trained.model.state_dict().items()}, str(out / "model.safetensors"),
+              metadata={"model": trained.meta["model"], "run_id": str(trained.run["id"])})
+    files["model.safetensors"] = sha256_of(out / "model.safetensors")
+
+    batch = torch.export.Dim("batch", min=1)
+    program = torch.export.export(wrapped, (example,), dynamic_shapes={"x": {0: batch}})
+    torch.export.save(program, str(out / "model.pt2"))
+    files["model.pt2"] = sha256_of(out / "model.pt2")
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                wrapped, (example,), str(out / "model.onnx"), dynamo=False, input_names=["input"],
+                output_names=["logits"], dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+            )
+        files["model.onnx"] = sha256_of(out / "model.onnx")
+    except Exception as exc:  # ONNX where the model allows; say why not otherwise
+        (out / "model.onnx").unlink(missing_ok=True)
+        files["model.onnx"] = f"not exported: {type(exc).__name__}: {exc}"
+
+    card = model_card(trained, files)
+    (out / "model_card.json").write_text(json.dumps(card, indent=2, default=str), encoding="utf-8")
+    files["model_card.json"] = sha256_of(out / "model_card.json")
+    return files
