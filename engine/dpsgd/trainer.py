@@ -22,6 +22,7 @@ from engine.config import RunConfig
 from engine.datasets import Dataset
 from engine.errors import ConfigError, DPWError
 from engine.dpsgd import mechanism
+from engine.dpsgd.fast_layers import accelerate_model
 from engine.dpsgd.per_sample import per_example_gradients
 
 Emit = Callable[..., Any]
@@ -210,7 +211,7 @@ def train(
 ) -> TrainResult:
     """Train `model` on `data` under `plan`, emitting metric/privacy/progress events."""
     torch.manual_seed(config.seed)
-    model.to(device).train()
+    accelerate_model(model.to(device).train())
     x_train, y_train = data.x_train.to(device), data.y_train.to(device)
     x_test, y_test = data.x_test.to(device), data.y_test.to(device)
     n = x_train.shape[0]

@@ -1,0 +1,39 @@
+"""Privacy accounting for DP-SGD: pure functions of numbers (numpy/scipy only, no I/O, no state).
+
+Mechanism: Poisson sampling with rate `sample_rate`, per-example clipping to norm C, Gaussian
+noise of std `noise_multiplier` * C on the sum; neighbouring datasets differ by adding or
+removing one example. Every function returns an upper bound on epsilon (or delta).
+
+    rdp.py          Renyi DP of the subsampled Gaussian and the RDP -> (eps, delta) conversion
+    pld.py          privacy loss distributions: tight (eps, delta), pessimistic discretisation
+    accountants.py  what the trainer, CLI and window call (named accountants, curves, budgets)
+"""
+
+from engine.privacy.accountants import (
+    ACCOUNTANTS,
+    NOISE_MULTIPLIER_RANGE,
+    LiveAccountant,
+    calibrate_noise_multiplier,
+    dpsgd_epsilon,
+    epsilon_curve,
+    max_steps_within_budget,
+)
+from engine.privacy.pld import pld_delta, pld_epsilon
+from engine.privacy.rdp import DEFAULT_ORDERS, compute_rdp, rdp_to_epsilon
+from engine.privacy.types import Epsilon
+
+__all__ = [
+    "ACCOUNTANTS",
+    "DEFAULT_ORDERS",
+    "NOISE_MULTIPLIER_RANGE",
+    "Epsilon",
+    "LiveAccountant",
+    "calibrate_noise_multiplier",
+    "compute_rdp",
+    "dpsgd_epsilon",
+    "epsilon_curve",
+    "max_steps_within_budget",
+    "pld_delta",
+    "pld_epsilon",
+    "rdp_to_epsilon",
+]

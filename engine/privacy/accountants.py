@@ -1,0 +1,340 @@
+"""DP-SGD privacy accounting: the functions the trainer, CLI and window call.
+
+Two accountants for the Poisson-subsampled Gaussian mechanism (add/remove-one neighbours):
+  "pld": privacy loss distribution (engine.privacy.pld), tight; the one reported.
+  "rdp": Renyi DP (engine.privacy.rdp), a looser upper bound but microseconds to update,
+         used for live progress after every training step.
+Both return upper bounds on epsilon. All functions are pure; LiveAccountant only keeps the
+step count (and caches) on top of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from engine.privacy import _validate
+from engine.privacy.pld import pld_epsilon
+from engine.privacy.rdp import DEFAULT_ORDERS, _conversion_offset, _epsilon_per_order, compute_rdp, rdp_to_epsilon
+from engine.privacy.types import Epsilon
+
+__all__ = [
+    "ACCOUNTANTS",
+    "NOISE_MULTIPLIER_RANGE",
+    "LiveAccountant",
+    "calibrate_noise_multiplier",
+    "dpsgd_epsilon",
+    "epsilon_curve",
+    "max_steps_within_budget",
+]
+
+ACCOUNTANTS: tuple[str, ...] = ("pld", "rdp")
+"""Accountant names; the first ("pld") is the default for reported numbers."""
+
+NOISE_MULTIPLIER_RANGE: tuple[float, float] = (0.1, 1000.0)
+"""Range searched by calibrate_noise_multiplier."""
+
+_MAX_STEPS_SEARCH = 1 << 40  # max_steps_within_budget without `upper`: beyond this is "unbounded"
+_CURVE_CHUNK = 1 << 15  # rows of the (steps x orders) table converted at once by epsilon_curve
+
+
+def dpsgd_epsilon(
+    *,
+    sample_rate: float,
+    noise_multiplier: float,
+    steps: int,
+    delta: float,
+    accountant: str = "pld",
+) -> Epsilon:
+    """Upper bound on epsilon at `delta` after `steps` DP-SGD steps (Poisson rate q, multiplier sigma)."""
+    name = _accountant(accountant)
+    if name == "pld":
+        return pld_epsilon(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps, delta=delta)
+    rdp = compute_rdp(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps)
+    return rdp_to_epsilon(orders=DEFAULT_ORDERS, rdp=rdp, delta=delta)
+
+
+def epsilon_curve(*, sample_rate: float, noise_multiplier: float, steps: int, delta: float) -> np.ndarray:
+    """RDP epsilon after each step 1..steps (array of length `steps`), for progress plots.
+
+    RDP composes linearly [Mironov 2017, Prop. 1], so the per-step RDP vector is computed
+    once, scaled by t for every t, and all rows are converted to epsilon at once (same
+    arithmetic as dpsgd_epsilon(accountant="rdp"), so the values agree exactly).
+    """
+    per_step = compute_rdp(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=1)
+    t = _validate.steps(steps)
+    d = _validate.delta(delta)
+    out = np.empty(t)
+    for start in range(0, t, _CURVE_CHUNK):
+        ts = np.arange(start + 1, min(start + _CURVE_CHUNK, t) + 1, dtype=float)
+        eps = _epsilon_per_order(DEFAULT_ORDERS, ts[:, None] * per_step[None, :], d)
+        out[start : start + ts.size] = np.maximum(eps.min(axis=1), 0.0)
+    return out
+
+
+class LiveAccountant:
+    """Step counter for the training loop: cheap RDP epsilon every step, tight PLD on demand.
+
+    Example:
+        acc = LiveAccountant(sample_rate=256/60000, noise_multiplier=1.1, delta=1e-5)
+        acc.step()                    # after each optimizer step
+        acc.epsilon().value           # RDP bound, microseconds
+        acc.epsilon_reported().value  # PLD bound, at epoch ends and at the end
+    """
+
+    def __init__(self, *, sample_rate: float, noise_multiplier: float, delta: float):
+        self._q = _validate.sample_rate(sample_rate)
+        self._sigma = _validate.noise_multiplier(noise_multiplier)
+        self._delta = _validate.delta(delta)
+        self._per_step = compute_rdp(sample_rate=self._q, noise_multiplier=self._sigma, steps=1)
+        self._offset = _conversion_offset(DEFAULT_ORDERS, self._delta)
+        self._steps = 0
+        self._reported: dict[str, tuple[int, Epsilon]] = {}
+
+    @property
+    def sample_rate(self) -> float:
+        return self._q
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self._sigma
+
+    @property
+    def delta(self) -> float:
+        return self._delta
+
+    @property
+    def steps(self) -> int:
+        """Steps taken so far."""
+        return self._steps
+
+    def step(self, n: int = 1) -> None:
+        """Record `n` more steps (n >= 0)."""
+        self._steps += _validate.steps(n)
+
+    def epsilon(self) -> Epsilon:
+        """RDP upper bound after the steps so far (equal to dpsgd_epsilon(accountant="rdp"))."""
+        eps = _epsilon_per_order(DEFAULT_ORDERS, self._steps * self._per_step, self._delta, self._offset)
+        best = int(np.argmin(eps))
+        value = float(eps[best])
+        if math.isinf(value):
+            return Epsilon(value=math.inf, delta=self._delta, accountant="rdp", order=None)
+        return Epsilon(value=max(value, 0.0), delta=self._delta, accountant="rdp", order=float(DEFAULT_ORDERS[best]))
+
+    def epsilon_reported(self, accountant: str = "pld") -> Epsilon:
+        """Bound for reports (default: PLD, tight); cached until the next step."""
+        name = _accountant(accountant)
+        cached = self._reported.get(name)
+        if cached is not None and cached[0] == self._steps:
+            return cached[1]
+        result = dpsgd_epsilon(
+            sample_rate=self._q, noise_multiplier=self._sigma, steps=self._steps, delta=self._delta, accountant=name
+        )
+        self._reported[name] = (self._steps, result)
+        return result
+
+    def __repr__(self) -> str:
+        return (
+            f"LiveAccountant(sample_rate={self._q!r}, noise_multiplier={self._sigma!r}, "
+            f"delta={self._delta!r}, steps={self._steps})"
+        )
+
+
+def max_steps_within_budget(
+    *,
+    sample_rate: float,
+    noise_multiplier: float,
+    delta: float,
+    budget: float,
+    accountant: str = "pld",
+    upper: int | None = None,
+) -> int:
+    """Largest T with dpsgd_epsilon(T) <= budget (0 if one step already exceeds it).
+
+    Epsilon grows with T, so the boundary is bracketed (doubling) and then found by regula
+    falsi with bisection safeguards: the result satisfies eps(T) <= budget < eps(T + 1). For
+    "pld" the RDP answer (cheap, and RDP epsilon >= PLD epsilon) starts the bracket. With
+    `upper`, at most `upper` is returned; without it, a budget that is never exhausted within
+    2^40 steps (e.g. sample_rate 0) is a ValueError.
+    """
+    q = _validate.sample_rate(sample_rate)
+    sigma = _validate.noise_multiplier(noise_multiplier)
+    d = _validate.delta(delta)
+    eps_budget = _validate.epsilon(budget, "budget")
+    name = _accountant(accountant)
+    cap = _MAX_STEPS_SEARCH if upper is None else _validate.steps(upper)
+    per_step = compute_rdp(sample_rate=q, noise_multiplier=sigma, steps=1)
+
+    def rdp_eps(t: int) -> float:
+        return max(float(_epsilon_per_order(DEFAULT_ORDERS, t * per_step, d).min()), 0.0)
+
+    def pld_eps(t: int) -> float:
+        return pld_epsilon(sample_rate=q, noise_multiplier=sigma, steps=t, delta=d).value
+
+    start, f_start = 0, 0.0
+    if name == "pld":
+        t_rdp = _grow_and_find(rdp_eps, eps_budget, 0, 0.0, cap)
+        f_rdp = pld_eps(t_rdp) if t_rdp > 0 else 0.0
+        if f_rdp <= eps_budget:
+            start, f_start = t_rdp, f_rdp
+    result = _grow_and_find(rdp_eps if name == "rdp" else pld_eps, eps_budget, start, f_start, cap)
+    if result == cap and upper is None:
+        raise ValueError(
+            f"the budget epsilon={eps_budget:g} is not exhausted within {cap} steps (sample_rate={q:g}, "
+            f"noise_multiplier={sigma:g}, delta={d:g}); pass `upper` to cap the search"
+        )
+    return result
+
+
+def calibrate_noise_multiplier(
+    *,
+    sample_rate: float,
+    steps: int,
+    target_epsilon: float,
+    delta: float,
+    accountant: str = "pld",
+    tolerance: float = 1e-3,
+) -> float:
+    """Smallest noise multiplier, on the grid of multiples of `tolerance`, with epsilon <= target.
+
+    Returns sigma = m * tolerance (m whole) with dpsgd_epsilon(sigma) <= target_epsilon and
+    dpsgd_epsilon(sigma - tolerance) > target_epsilon, i.e. minimal to within `tolerance` and
+    rounded up so the target is met. Searched in NOISE_MULTIPLIER_RANGE = [0.1, 1000]. For "pld"
+    the RDP answer (cheap; RDP epsilon >= PLD epsilon) brackets the search. ValueError when the
+    target cannot be met within the range, or is already met at its lower end.
+    """
+    q = _validate.sample_rate(sample_rate)
+    t = _validate.steps(steps)
+    d = _validate.delta(delta)
+    target = _validate.epsilon(target_epsilon, "target_epsilon")
+    tol = _validate.positive("tolerance", tolerance)
+    name = _accountant(accountant)
+    lo_sigma, hi_sigma = NOISE_MULTIPLIER_RANGE
+    if tol > 0.1:
+        raise ValueError(f"tolerance must be in (0, 0.1] (noise multiplier units); got {tolerance!r}")
+    if q == 0.0 or t == 0:
+        raise ValueError(
+            f"nothing to calibrate: with sample_rate={sample_rate!r} and steps={steps!r} no example is "
+            "used, so every noise multiplier gives epsilon 0"
+        )
+    # Grid sigma = m * tol. On x = -m epsilon is non-decreasing, and we want the largest x
+    # (smallest m) with epsilon <= target. The bottom of the range (large epsilon, slowest
+    # to evaluate) is evaluated only if the search gets there.
+    m_lo, m_hi = math.ceil(lo_sigma / tol - 1e-9), math.floor(hi_sigma / tol + 1e-9)
+    digits = max(0, -math.floor(math.log10(tol))) + 6
+
+    def sigma_of(x: int) -> float:
+        return round(-x * tol, digits)
+
+    def eps_on(which: str) -> Callable[[int], float]:
+        return lambda x: dpsgd_epsilon(
+            sample_rate=q, noise_multiplier=sigma_of(x), steps=t, delta=d, accountant=which
+        ).value
+
+    def already_met(eps_bottom: float) -> ValueError:
+        return ValueError(
+            f"target_epsilon={target_epsilon!r} is already met at noise_multiplier={lo_sigma:g} (epsilon "
+            f"{eps_bottom:.4g}); the calibrated value would be below the supported range [{lo_sigma:g}, {hi_sigma:g}]"
+        )
+
+    f = eps_on(name)
+    f_top = f(-m_hi)
+    if f_top > target:
+        raise ValueError(
+            f"target_epsilon={target_epsilon!r} cannot be reached with noise_multiplier <= {hi_sigma:g} "
+            f"(epsilon there is {f_top:.4g} at delta={d:g}, {t} steps, sample_rate={q:g}); allow a larger "
+            "epsilon or delta, fewer steps or a smaller sample rate"
+        )
+    lo, f_lo, hi, f_hi = -m_hi, f_top, -m_lo, math.inf  # f(hi) not evaluated yet
+    g = eps_on("rdp") if name == "pld" else f
+    g_bottom = g(-m_lo)  # RDP at the bottom: cheap; if it meets the target, so does PLD
+    if g_bottom <= target:
+        raise already_met(g_bottom)
+    if name == "rdp":
+        f_hi = g_bottom
+    else:
+        g_top = g(-m_hi)
+        if g_top <= target:
+            # RDP epsilon >= PLD epsilon, so the RDP answer meets the target under PLD too.
+            x_rdp = _find_boundary(g, target, -m_hi, g_top, -m_lo, g_bottom)
+            f_rdp = f(x_rdp)
+            if f_rdp <= target:
+                lo, f_lo = x_rdp, f_rdp
+                # PLD usually allows ~5-15% less noise than RDP: probe below before searching.
+                for shrink in (0.95, 0.85, 0.7):
+                    x = max(-math.floor(-x_rdp * shrink), lo + 1)
+                    if x >= hi:
+                        break
+                    f_x = f(x)
+                    if f_x > target:
+                        hi, f_hi = x, f_x
+                        break
+                    lo, f_lo = x, f_x
+    x = _find_boundary(f, target, lo, f_lo, hi, f_hi)
+    if x == -m_lo - 1 and math.isinf(f_hi) and hi == -m_lo:
+        f_bottom = f(-m_lo)
+        if f_bottom <= target:
+            raise already_met(f_bottom)
+    return sigma_of(x)
+
+
+def _grow_and_find(f: Callable[[int], float], budget: float, lo: int, f_lo: float, cap: int) -> int:
+    """Largest x in [lo, cap] with f(x) <= budget, given f(lo) <= budget and f non-decreasing.
+
+    Steps up from lo until f exceeds the budget (or cap is reached), then searches. Each step
+    at least doubles x and, where f is known, extrapolates as if f grew like sqrt(x) (epsilon
+    of many small steps does, roughly), so few evaluations are spent on the bracket.
+    """
+    while True:
+        guess = 2 * lo + 1
+        if lo > 0 and 0.0 < f_lo < budget:
+            guess = max(guess, math.ceil(lo * 1.2 * (budget / f_lo) ** 2))
+        hi = min(guess, cap)
+        if hi <= lo:
+            return lo
+        f_hi = f(hi)
+        if f_hi > budget:
+            return _find_boundary(f, budget, lo, f_lo, hi, f_hi)
+        if hi == cap:
+            return cap
+        lo, f_lo = hi, f_hi
+
+
+def _find_boundary(f: Callable[[int], float], budget: float, lo: int, f_lo: float, hi: int, f_hi: float) -> int:
+    """x in [lo, hi) with f(x) <= budget < f(x + 1), given f(lo) <= budget < f(hi), f non-decreasing.
+
+    Illinois regula falsi on the integers, with a bisection step whenever two steps did not
+    halve the bracket or a value is infinite: a handful of evaluations for smooth curves,
+    and at most ~3 log2(hi - lo) in the worst case.
+    """
+    a_lo, a_hi = f_lo, f_hi  # (possibly halved) values used for interpolation
+    side = 0
+    widths = [hi - lo]
+    while hi - lo > 1:
+        stalled = len(widths) >= 3 and 2 * widths[-1] > widths[-3]
+        if stalled or not (math.isfinite(a_lo) and math.isfinite(a_hi)) or a_hi <= a_lo:
+            mid = lo + (hi - lo) // 2
+        else:
+            mid = lo + int(round((budget - a_lo) / (a_hi - a_lo) * (hi - lo)))
+            mid = min(max(mid, lo + 1), hi - 1)
+        f_mid = f(mid)
+        if f_mid <= budget:
+            lo, f_lo, a_lo = mid, f_mid, f_mid
+            if side == 1:
+                a_hi = budget + (a_hi - budget) / 2.0
+            side = 1
+        else:
+            hi, f_hi, a_hi = mid, f_mid, f_mid
+            if side == -1:
+                a_lo = budget - (budget - a_lo) / 2.0
+            side = -1
+        widths.append(hi - lo)
+    return lo
+
+
+def _accountant(name: str) -> str:
+    if name not in ACCOUNTANTS:
+        raise ValueError(f"accountant must be one of {', '.join(ACCOUNTANTS)}; got {name!r}")
+    return name

@@ -1,0 +1,186 @@
+"""engine.privacy.rdp against Opacus, dp-accounting, quadrature and closed forms."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from engine.privacy import DEFAULT_ORDERS, Epsilon, compute_rdp, rdp_to_epsilon
+
+# Opacus warns when the best order is at the end of the grid (huge epsilons); not our concern here.
+pytestmark = pytest.mark.filterwarnings("ignore:Optimal order:UserWarning")
+
+SAMPLE_RATES = (0.001, 0.01, 0.1, 1.0)
+NOISE_MULTIPLIERS = (0.5, 0.8, 1.1, 2.0, 5.0)
+STEPS = (1, 100, 10_000)
+DELTAS = (1e-5, 1e-6)
+INTEGER_ORDERS = DEFAULT_ORDERS[DEFAULT_ORDERS == np.round(DEFAULT_ORDERS)]
+
+
+@pytest.fixture(scope="module")
+def reference_rdp(opacus_rdp):
+    """Opacus RDP per step at DEFAULT_ORDERS for every (q, sigma) of the grid."""
+    return {
+        (q, s): np.asarray(opacus_rdp.compute_rdp(q=q, noise_multiplier=s, steps=1, orders=list(DEFAULT_ORDERS)))
+        for q, s in itertools.product(SAMPLE_RATES, NOISE_MULTIPLIERS)
+    }
+
+
+@pytest.mark.parametrize("q,sigma", list(itertools.product(SAMPLE_RATES, NOISE_MULTIPLIERS)))
+def test_rdp_matches_opacus_at_every_order(q, sigma, reference_rdp):
+    ours = compute_rdp(sample_rate=q, noise_multiplier=sigma, steps=1)
+    np.testing.assert_allclose(ours, reference_rdp[(q, sigma)], rtol=1e-6, atol=1e-15)
+
+
+@pytest.mark.parametrize("q,sigma", list(itertools.product(SAMPLE_RATES, NOISE_MULTIPLIERS)))
+def test_rdp_matches_dp_accounting_at_integer_orders(q, sigma, dpacct_rdp):
+    ours = compute_rdp(sample_rate=q, noise_multiplier=sigma, steps=1, orders=INTEGER_ORDERS)
+    ref = dpacct_rdp._compute_rdp_poisson_subsampled_gaussian(q, sigma, INTEGER_ORDERS)
+    np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-15)
+
+
+@pytest.mark.parametrize("q,sigma", [(0.01, 0.8), (0.1, 2.0), (0.001, 5.0), (0.5, 1.1)])
+def test_fractional_orders_never_below_dp_accountings_absolute_series(q, sigma, dpacct_rdp):
+    """dp-accounting sums the fractional series in absolute value (an upper bound); ours keeps
+    the signs, so it must be at most that (up to round-off allowances) and at least the exact value (next test)."""
+    fractional = DEFAULT_ORDERS[DEFAULT_ORDERS != np.round(DEFAULT_ORDERS)]
+    ours = compute_rdp(sample_rate=q, noise_multiplier=sigma, steps=1, orders=fractional)
+    ref = dpacct_rdp._compute_rdp_poisson_subsampled_gaussian(q, sigma, fractional)
+    finite = np.isfinite(ref)
+    assert np.all(ours[finite] <= ref[finite] * (1 + 1e-6) + 1e-15)
+
+
+@pytest.mark.parametrize(
+    "q,sigma,alpha",
+    [(0.01, 1.1, 1.25), (0.1, 0.8, 2.5), (0.5, 2.0, 7.75), (0.001, 5.0, 1.5), (0.9, 0.5, 3.5), (0.01, 0.5, 40.0)],
+)
+def test_rdp_is_an_upper_bound_on_the_exact_renyi_divergence(q, sigma, alpha, quadrature_log_a):
+    """The exact A_alpha by 50-digit quadrature of its defining integral (no series)."""
+    exact = quadrature_log_a(q, sigma, alpha) / (alpha - 1)
+    ours = float(compute_rdp(sample_rate=q, noise_multiplier=sigma, steps=1, orders=[alpha])[0])
+    assert ours >= exact
+    assert ours <= exact * (1 + 1e-6) + 1e-15
+
+
+@pytest.mark.parametrize("sigma", NOISE_MULTIPLIERS)
+def test_full_batch_rdp_is_alpha_over_two_sigma_squared(sigma):
+    orders = np.array([1.5, 2.0, 3.25, 10.0, 64.0, 1024.0])
+    np.testing.assert_array_equal(
+        compute_rdp(sample_rate=1.0, noise_multiplier=sigma, steps=7, orders=orders), 7 * orders / (2 * sigma**2)
+    )
+
+
+def test_rdp_composes_linearly_over_steps():
+    one = compute_rdp(sample_rate=0.02, noise_multiplier=1.3, steps=1)
+    np.testing.assert_allclose(compute_rdp(sample_rate=0.02, noise_multiplier=1.3, steps=250), 250 * one, rtol=1e-15)
+
+
+def test_rdp_special_cases():
+    assert np.all(compute_rdp(sample_rate=0.0, noise_multiplier=1.0, steps=10) == 0)
+    assert np.all(compute_rdp(sample_rate=0.3, noise_multiplier=1.0, steps=0) == 0)
+    assert np.all(np.isinf(compute_rdp(sample_rate=0.3, noise_multiplier=0.0, steps=1)))
+    assert np.all(compute_rdp(sample_rate=0.0, noise_multiplier=0.0, steps=5) == 0)
+
+
+@pytest.mark.parametrize("q,sigma,steps,delta", list(itertools.product(SAMPLE_RATES, NOISE_MULTIPLIERS, STEPS, DELTAS)))
+def test_rdp_epsilon_matches_opacus_conversion(q, sigma, steps, delta, reference_rdp, opacus_rdp):
+    """Epsilon never below Opacus' (same improved conversion, Balle et al. 2020 Thm. 21)."""
+    ours = rdp_to_epsilon(orders=DEFAULT_ORDERS, rdp=compute_rdp(sample_rate=q, noise_multiplier=sigma, steps=steps),
+                          delta=delta)
+    ref_eps, ref_order = opacus_rdp.get_privacy_spent(orders=list(DEFAULT_ORDERS), rdp=steps * reference_rdp[(q, sigma)],
+                                                      delta=delta)
+    assert ours.value >= ref_eps * (1 - 1e-9)
+    assert ours.value <= ref_eps * (1 + 1e-5) + 1e-12
+    assert ours.accountant == "rdp" and ours.delta == delta
+
+
+@pytest.mark.parametrize("q,sigma,steps,delta", list(itertools.product(SAMPLE_RATES, (0.8, 2.0), STEPS, DELTAS)))
+def test_rdp_epsilon_matches_dp_accounting_at_integer_orders(q, sigma, steps, delta, dpacct_rdp):
+    ref_rdp = steps * dpacct_rdp._compute_rdp_poisson_subsampled_gaussian(q, sigma, INTEGER_ORDERS)
+    ref_eps, ref_order = dpacct_rdp.compute_epsilon(INTEGER_ORDERS, ref_rdp, delta)
+    ours = rdp_to_epsilon(
+        orders=INTEGER_ORDERS,
+        rdp=compute_rdp(sample_rate=q, noise_multiplier=sigma, steps=steps, orders=INTEGER_ORDERS),
+        delta=delta,
+    )
+    assert ours.value >= ref_eps * (1 - 1e-9)
+    assert ours.value <= ref_eps * (1 + 1e-5) + 1e-12
+    assert ours.order == ref_order
+
+
+def test_conversion_formula_by_hand():
+    """One order, numbers worked out by hand: eps = r + log(1 - 1/a) - (log d + log a)/(a - 1)."""
+    r, a, d = 0.5, 8.0, 1e-5
+    expected = r + math.log(7 / 8) - (math.log(1e-5) + math.log(8)) / 7
+    result = rdp_to_epsilon(orders=[a], rdp=[r], delta=d)
+    assert result == Epsilon(value=pytest.approx(expected, rel=1e-15), delta=d, accountant="rdp", order=8.0)
+
+
+def test_conversion_gives_zero_when_total_variation_is_below_delta():
+    """Bretagnolle-Huber: TV <= sqrt(1 - exp(-KL)) <= delta when rdp <= -log(1 - delta^2)."""
+    d = 1e-3
+    tiny = -math.log1p(-(d * d)) * 0.99
+    assert rdp_to_epsilon(orders=[2.0, 3.0], rdp=[tiny, tiny], delta=d).value == 0.0
+
+
+def test_conversion_picks_the_best_order():
+    orders = np.array([2.0, 4.0, 32.0])
+    rdp = np.array([0.1, 0.2, 5.0])
+    result = rdp_to_epsilon(orders=orders, rdp=rdp, delta=1e-5)
+    per_order = rdp + np.log1p(-1 / orders) - (math.log(1e-5) + np.log(orders)) / (orders - 1)
+    assert result.order == orders[np.argmin(per_order)]
+    assert result.value == pytest.approx(per_order.min(), rel=1e-15)
+
+
+def test_infinite_rdp_gives_infinite_epsilon():
+    result = rdp_to_epsilon(orders=[2.0, 3.0], rdp=[np.inf, np.inf], delta=1e-5)
+    assert math.isinf(result.value) and result.order is None
+
+
+def test_default_orders_are_a_read_only_grid_of_fractional_and_integer_orders():
+    assert DEFAULT_ORDERS[0] == 1.1 and DEFAULT_ORDERS[-1] == 1024
+    assert np.all(np.diff(DEFAULT_ORDERS) > 0)
+    assert np.any(DEFAULT_ORDERS != np.round(DEFAULT_ORDERS))
+    assert set(range(2, 65)) <= set(DEFAULT_ORDERS.tolist())
+    with pytest.raises(ValueError):
+        DEFAULT_ORDERS[0] = 2.0
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(sample_rate=1.5, noise_multiplier=1.0, steps=1), "sample_rate"),
+        (dict(sample_rate=-0.1, noise_multiplier=1.0, steps=1), "sample_rate"),
+        (dict(sample_rate=0.1, noise_multiplier=-1.0, steps=1), "noise_multiplier"),
+        (dict(sample_rate=0.1, noise_multiplier=float("nan"), steps=1), "noise_multiplier"),
+        (dict(sample_rate=0.1, noise_multiplier=1.0, steps=-1), "steps"),
+        (dict(sample_rate=0.1, noise_multiplier=1.0, steps=2.5), "steps"),
+        (dict(sample_rate=0.1, noise_multiplier=1.0, steps=1, orders=[0.5, 2.0]), "orders"),
+        (dict(sample_rate=0.1, noise_multiplier=1.0, steps=1, orders=[1.0]), "orders"),
+    ],
+)
+def test_compute_rdp_rejects_bad_input_naming_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        compute_rdp(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(orders=[2.0], rdp=[0.1], delta=0.0), "delta"),
+        (dict(orders=[2.0], rdp=[0.1], delta=1.0), "delta"),
+        (dict(orders=[2.0, 3.0], rdp=[0.1], delta=1e-5), "rdp"),
+        (dict(orders=[2.0], rdp=[-0.1], delta=1e-5), "rdp"),
+    ],
+)
+def test_rdp_to_epsilon_rejects_bad_input_naming_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        rdp_to_epsilon(**kwargs)
+
+
+def test_compute_rdp_requires_keyword_arguments():
+    with pytest.raises(TypeError):
+        compute_rdp(0.1, 1.0, 10)  # type: ignore[misc]
