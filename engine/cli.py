@@ -139,8 +139,11 @@ def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False) -> str:
 class ProgressDisplay:
     """A progress bar on stderr, labelled with the live epsilon and the last test accuracy."""
 
+    PHASES = {"training": "training", "teachers": "teachers", "querying": "queries", "student": "student"}
+
     def __init__(self) -> None:
         self.bar = None
+        self.phase: str | None = None
         self.done = 0
         self.epsilon: float | None = None
         self.accuracy: float | None = None
@@ -155,7 +158,14 @@ class ProgressDisplay:
 
     def handle(self, event: dict[str, Any]) -> None:
         kind = event["type"]
-        if kind == "plan":
+        if kind == "plan" and event.get("mechanism") == "pate":
+            click.echo(
+                f"run {event['run_id']}: {event['num_train']} private training examples, {event['num_teachers']} "
+                f"teachers ({event['teacher_model']}, about {event['shard_size']} examples each), "
+                f"{event['aggregator']} on {event['steps']} queries, student {event['model']} on {event['device']}",
+                err=True,
+            )
+        elif kind == "plan":
             sigma = event.get("noise_multiplier")
             click.echo(
                 f"run {event['run_id']}: {event['num_train']} training examples, model {event['model']} on "
@@ -163,9 +173,12 @@ class ProgressDisplay:
                 + (f", q={event['sample_rate']:.5g}, noise multiplier {sigma:.4g}" if sigma else ", non-private"),
                 err=True,
             )
-        elif kind == "progress" and event["phase"] == "training":
+        elif kind == "progress" and event["phase"] in self.PHASES:
+            if self.phase != event["phase"]:
+                self.close()
+                self.phase, self.done = event["phase"], 0
             if self.bar is None:
-                self.bar = click.progressbar(length=event["total"], label="training", file=sys.stderr,
+                self.bar = click.progressbar(length=event["total"], label=self.PHASES[event["phase"]], file=sys.stderr,
                                              item_show_func=lambda item: item, show_eta=True)
                 self.bar.__enter__()
             self.bar.update(event["done"] - self.done, current_item=self._label())
@@ -195,10 +208,22 @@ def print_summary(run_row: dict[str, Any]) -> None:
         lines.append(f"  privacy        ε = {run_row['epsilon']:.4f}, δ = {run_row['delta']:g} ({run_row['accountant']})")
     elif run_row.get("mechanism") == "none":
         lines.append("  privacy        none (non-private baseline)")
-    if run_row.get("steps_done") is not None and run_row.get("steps_planned"):
-        lines.append(f"  steps          {run_row['steps_done']} of {run_row['steps_planned']}")
     summary = run_row.get("summary") or {}
-    if summary.get("seconds") is not None:
+    if run_row.get("mechanism") == "pate":
+        if summary.get("epsilon_released") is not None:
+            lines.append(f"  released ε     {summary['epsilon_released']:.4f} (safe to publish; the ε above depends on "
+                         f"the votes; data-independent {summary.get('epsilon_data_independent', float('nan')):.4g})")
+        if summary.get("queries") is not None:
+            lines.append(f"  queries        {summary['queries']} of {run_row.get('steps_planned')}, "
+                         f"{summary.get('answered', 0)} answered")
+        if summary.get("teacher_accuracy"):
+            lines.append(f"  teachers       {summary['num_teachers']}, mean accuracy "
+                         f"{summary['teacher_accuracy']['mean']:.4f} (ensemble {summary.get('ensemble_accuracy') or 0:.4f})")
+    elif run_row.get("steps_done") is not None and run_row.get("steps_planned"):
+        lines.append(f"  steps          {run_row['steps_done']} of {run_row['steps_planned']}")
+    if summary.get("seconds") is not None and run_row.get("mechanism") == "pate":
+        lines.append(f"  time           {summary['seconds']:.1f} s (teachers {summary.get('teacher_seconds', 0):.1f} s)")
+    elif summary.get("seconds") is not None:
         lines.append(f"  time           {summary['seconds']:.1f} s ({summary.get('samples_per_second', 0):.0f} samples/s)")
     if run_row.get("error"):
         lines.append(f"  error          {run_row['error']}")
@@ -412,6 +437,119 @@ def privacy_calibrate(sample_rate: float, steps: int, epsilon: float, delta: flo
         click.echo(json.dumps({"noise_multiplier": sigma}))
     else:
         click.echo(f"noise multiplier = {sigma:.6g} ({accountant})")
+
+
+def _load_npy(path: Path, what: str):
+    import numpy as np
+
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{what} {path}: cannot read it as a .npy array ({exc})") from None
+
+
+@privacy.command("pate")
+@click.option("--votes", "votes_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="A .npy file of integer vote counts, shape (queries, classes).")
+@click.option("--mechanism", type=click.Choice(["gnmax", "confident", "lnmax"]), required=True,
+              help="The aggregator that answered the queries.")
+@click.option("--sigma", type=float, default=None, help="gnmax: std of the Gaussian noise on each count.")
+@click.option("--threshold", type=float, default=None, help="confident: the threshold T on the top count.")
+@click.option("--sigma1", type=float, default=None, help="confident: noise std of the threshold check.")
+@click.option("--sigma2", type=float, default=None, help="confident: noise std of the answers (GNMax).")
+@click.option("--laplace-scale", type=float, default=None, help="lnmax: scale b of the Laplace noise (gamma = 1/b).")
+@click.option("--answered", "answered_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A .npy boolean array: which queries were answered. confident: charge the realised answers "
+              "(default: the expected cost, as the 2018 paper's analysis).")
+@click.option("--delta", type=float, required=True, help="Target delta.")
+@click.option("--release-seed", type=int, default=None,
+              help="Also release the data-dependent epsilon with smooth-sensitivity noise drawn with this seed "
+              "(gnmax, confident).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with the RDP curve).")
+def privacy_pate(votes_file: Path, mechanism: str, sigma: float | None, threshold: float | None,
+                 sigma1: float | None, sigma2: float | None, laplace_scale: float | None,
+                 answered_file: Path | None, delta: float, release_seed: int | None, as_json: bool) -> None:
+    """Epsilon of PATE's noisy aggregation of teacher votes (data-dependent and data-independent).
+
+    Example: dpw privacy pate --votes votes.npy --mechanism confident --threshold 200 --sigma1 150 --sigma2 40 --delta 1e-5 --json
+    """
+    import numpy as np
+
+    from engine.privacy import pate as pate_analysis
+
+    _check_number("delta", delta, 0.0, 1.0, open_high=True)
+    needed = {"gnmax": {"sigma": sigma}, "lnmax": {"laplace-scale": laplace_scale},
+              "confident": {"threshold": threshold, "sigma1": sigma1, "sigma2": sigma2}}[mechanism]
+    for name, value in needed.items():
+        if value is None:
+            raise UserError(f"--{name} is needed for --mechanism {mechanism}")
+        if name == "threshold":
+            _check_number(name, value, 0.0, 1e12, open_low=False)
+        else:
+            _check_number(name, value, 0.0, 1e12)
+    votes = _load_npy(votes_file, "--votes")
+    if votes.ndim != 2 or votes.shape[1] < 2 or votes.dtype.kind not in "iub" and not (
+        votes.dtype.kind == "f" and np.all(np.isfinite(votes)) and np.all(votes == np.round(votes))
+    ):
+        raise UserError(f"--votes {votes_file}: expected integer vote counts of shape (queries, classes >= 2); "
+                        f"got {votes.dtype} of shape {votes.shape}")
+    if votes.size and votes.min() < 0:
+        raise UserError(f"--votes {votes_file}: vote counts must be >= 0; found {votes.min()}")
+    answered = None
+    if answered_file is not None:
+        answered = _load_npy(answered_file, "--answered")
+        if answered.shape != (votes.shape[0],) or answered.dtype.kind not in "bui":
+            raise UserError(f"--answered {answered_file}: expected a boolean array of shape ({votes.shape[0]},); "
+                            f"got {answered.dtype} of shape {answered.shape}")
+    params = {name.replace("-", "_"): value for name, value in needed.items()}
+    try:
+        result = pate_analysis.pate_epsilon(votes=votes, mechanism=mechanism, delta=delta, answered=answered, **params)
+        release = None
+        if release_seed is not None:
+            if mechanism == "lnmax":
+                raise UserError("--release-seed: the smooth-sensitivity release covers gnmax and confident")
+            from engine.privacy import pate_smooth
+
+            noise = float(np.random.default_rng(release_seed).standard_normal())
+            release = pate_smooth.release_epsilon(votes=votes, mechanism=mechanism, delta=delta, noise=noise,
+                                                  answered=answered, **params)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    out = {
+        "mechanism": mechanism,
+        "epsilon_data_dependent": result.epsilon_data_dependent,
+        "epsilon_data_independent": result.epsilon_data_independent,
+        "delta": result.delta,
+        "order": result.order,
+        "order_data_independent": result.order_data_independent,
+        "queries": result.num_queries,
+        "answered": result.answered,
+        "answered_is_expected": result.answered_is_expected,
+        "orders": [float(a) for a in result.orders],
+        "rdp": [float(r) for r in result.rdp],
+        "rdp_data_independent": [float(r) for r in result.rdp_data_independent],
+    }
+    if release is not None:
+        out["epsilon_released"] = release.epsilon_released
+        out["release"] = {"order": release.order, "beta": release.beta, "sigma_ss": release.sigma_ss,
+                          "release_rdp": float(release.release_rdp), "rdp_released": float(release.rdp_released),
+                          "parameters_from_data": release.parameters_from_data,
+                          "conditions_hold": release.conditions_hold}
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    expected = " (expected)" if result.answered_is_expected else ""
+    lines = [
+        f"{mechanism}: {result.num_queries} queries, {result.answered:.6g} answered{expected}",
+        f"  epsilon (data-dependent)    = {result.epsilon_data_dependent:.6g} at order {result.order}"
+        "  — depends on the votes: not safe to publish as is",
+        f"  epsilon (data-independent)  = {result.epsilon_data_independent:.6g} at order {result.order_data_independent}",
+    ]
+    if release is not None:
+        lines.append(f"  epsilon (released)          = {out['epsilon_released']:.6g} "
+                     f"(smooth-sensitivity noise, order {release.order:g}, seed {release_seed})")
+    lines.append(f"  delta = {result.delta:g}")
+    click.echo("\n".join(lines))
 
 
 def main() -> None:

@@ -21,7 +21,8 @@ from engine.errors import ConfigError
 
 SCHEMA_VERSION = 1
 
-MECHANISMS = ("dpsgd", "none")
+MECHANISMS = ("dpsgd", "pate", "none")
+PATE_AGGREGATORS = ("confident", "gnmax", "lnmax")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 ACCOUNTANT_CHOICES = ("pld", "rdp")
@@ -122,14 +123,15 @@ class RunConfig:
     model: str = _spec(
         "auto",
         label="Model",
-        help="A registered model, or 'auto' to pick one that suits the dataset.",
+        help="A registered model, or 'auto' to pick one that suits the dataset (PATE: the student).",
         kind=str,
         group="model",
     )
     mechanism: str = _spec(
         "dpsgd",
         label="Mechanism",
-        help="dpsgd: differentially private SGD; none: a non-private baseline.",
+        help="dpsgd: differentially private SGD; pate: private aggregation of teacher ensembles "
+        "(teachers on disjoint shards label a public pool through a noisy vote); none: a non-private baseline.",
         kind=str,
         choices=MECHANISMS,
         group="privacy",
@@ -184,20 +186,21 @@ class RunConfig:
         exclusive_minimum=True,
         exclusive_maximum=True,
         unit="δ",
-        mechanisms=("dpsgd",),
+        mechanisms=("dpsgd", "pate"),
         group="privacy",
     )
     epsilon_budget: float | None = _spec(
         None,
         label="Epsilon budget",
-        help="Hard cap: training stops before the first step that would exceed it.",
+        help="Hard cap: training stops before the first step that would exceed it "
+        "(PATE: the teachers stop answering before the query that would exceed it).",
         kind=float,
         minimum=0.0,
         maximum=1000.0,
         exclusive_minimum=True,
         optional=True,
         unit="ε",
-        mechanisms=("dpsgd",),
+        mechanisms=("dpsgd", "pate"),
         group="privacy",
     )
     accountant: str = _spec(
@@ -218,6 +221,7 @@ class RunConfig:
         minimum=1,
         maximum=1_000_000,
         unit="examples",
+        mechanisms=("dpsgd", "none"),
         group="training",
     )
     max_physical_batch_size: int = _spec(
@@ -228,14 +232,16 @@ class RunConfig:
         minimum=1,
         maximum=1_000_000,
         unit="examples",
+        mechanisms=("dpsgd", "none"),
         group="training",
     )
     epochs: int = _spec(
         10, label="Epochs", help="Passes over the training set (in expectation).", kind=int,
-        minimum=1, maximum=10_000, group="training",
+        minimum=1, maximum=10_000, mechanisms=("dpsgd", "none"), group="training",
     )
     learning_rate: float = _spec(
-        0.1, label="Learning rate", help="Step size of the optimizer.", kind=float,
+        0.1, label="Learning rate", help="Step size of the optimizer (PATE: of the teachers and the student).",
+        kind=float,
         minimum=0.0, maximum=1000.0, exclusive_minimum=True, group="training",
     )
     optimizer: str = _spec(
@@ -250,6 +256,81 @@ class RunConfig:
         1, label="Evaluations per epoch", help="How often test accuracy is measured.", kind=int,
         minimum=1, maximum=100, group="training",
     )
+    # ---- PATE (Papernot et al. 2017, 2018) -------------------------------------------------------
+    num_teachers: int = _spec(
+        250, label="Teachers", help="The private training set is split into this many disjoint shards, "
+        "one teacher per shard.", kind=int, minimum=2, maximum=100_000, unit="teachers",
+        mechanisms=("pate",), group="pate",
+    )
+    teacher_model: str = _spec(
+        "auto", label="Teacher model", help="A registered model for the teachers, or 'auto' to pick one "
+        "that suits the dataset.", kind=str, mechanisms=("pate",), group="pate",
+    )
+    teacher_epochs: int = _spec(
+        40, label="Teacher epochs", help="Passes of each teacher over its own shard.", kind=int,
+        minimum=1, maximum=10_000, mechanisms=("pate",), group="pate",
+    )
+    teacher_batch_size: int = _spec(
+        32, label="Teacher batch size", help="Examples of its shard per teacher step; all teachers "
+        "step together.", kind=int, minimum=1, maximum=100_000, unit="examples", mechanisms=("pate",),
+        group="pate",
+    )
+    aggregator: str = _spec(
+        "confident", label="Aggregator", help="How the teachers' votes are released. lnmax: Laplace noise "
+        "on each count (2017); gnmax: Gaussian noise (2018); confident: answer only when the top count "
+        "plus Gaussian noise (sigma1) reaches the threshold, then GNMax with sigma2 (2018).", kind=str,
+        choices=PATE_AGGREGATORS, mechanisms=("pate",), group="pate",
+    )
+    laplace_scale: float = _spec(
+        20.0, label="Laplace scale", help="LNMax: scale b of the Laplace noise added to each vote count "
+        "(gamma = 1/b in the 2017 paper; each query is 2/b-DP).", kind=float, minimum=0.0,
+        maximum=1e6, exclusive_minimum=True, unit="votes", mechanisms=("pate",), group="pate",
+    )
+    gnmax_sigma: float = _spec(
+        40.0, label="GNMax sigma", help="GNMax: standard deviation of the Gaussian noise added to each "
+        "vote count.", kind=float, minimum=0.0, maximum=1e6, exclusive_minimum=True, unit="votes",
+        mechanisms=("pate",), group="pate",
+    )
+    threshold: float = _spec(
+        200.0, label="Threshold", help="Confident GNMax: a query is answered when its top vote count "
+        "plus N(0, sigma1^2) noise reaches this many votes.", kind=float, minimum=0.0, maximum=1e6,
+        unit="votes", mechanisms=("pate",), group="pate",
+    )
+    sigma1: float = _spec(
+        150.0, label="Sigma 1 (threshold check)", help="Confident GNMax: standard deviation of the noise "
+        "of the threshold check (paid by every query).", kind=float, minimum=0.0, maximum=1e6,
+        exclusive_minimum=True, unit="votes", mechanisms=("pate",), group="pate",
+    )
+    sigma2: float = _spec(
+        40.0, label="Sigma 2 (answer)", help="Confident GNMax: standard deviation of the Gaussian noise on "
+        "the counts of answered queries (paid by answered queries only).", kind=float, minimum=0.0,
+        maximum=1e6, exclusive_minimum=True, unit="votes", mechanisms=("pate",), group="pate",
+    )
+    num_queries: int = _spec(
+        1000, label="Student queries", help="How many examples of the public pool the student asks the "
+        "teachers to label, in order.", kind=int, minimum=1, maximum=100_000_000, unit="queries",
+        mechanisms=("pate",), group="pate",
+    )
+    public_pool_size: int | None = _spec(
+        None, label="Public pool size", help="The first this many examples of the test split form the "
+        "student's public unlabeled pool; the rest are held out for evaluation (as in the papers: MNIST "
+        "9,000 / 1,000). Unset: 90% of the test split.", kind=int, minimum=1, maximum=100_000_000,
+        optional=True, unit="examples", mechanisms=("pate",), group="pate",
+    )
+    student_epochs: int = _spec(
+        30, label="Student epochs", help="Passes of the student over the released labels.", kind=int,
+        minimum=1, maximum=10_000, mechanisms=("pate",), group="pate",
+    )
+    student_batch_size: int = _spec(
+        64, label="Student batch size", help="Labeled examples per student step.", kind=int, minimum=1,
+        maximum=100_000, unit="examples", mechanisms=("pate",), group="pate",
+    )
+    semi_supervised: bool = _spec(
+        False, label="Semi-supervised student", help="Also learn from the whole unlabeled pool (confident "
+        "pseudo-labels that must stay consistent under augmentation). Costs no privacy: it only "
+        "post-processes released labels and public data.", kind=bool, mechanisms=("pate",), group="pate",
+    )
+
     seed: int = _spec(
         0, label="Seed", help="Seeds sampling, noise, initialisation and splits.", kind=int,
         minimum=0, maximum=2**63 - 1, group="run",
@@ -318,21 +399,52 @@ class RunConfig:
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     # ---- rules that need the dataset -----------------------------------------------------------
-    def check_against_dataset(self, num_train: int) -> None:
-        """Rules that depend on the training-set size N (known once the data is loaded)."""
-        if self.mechanism == "dpsgd" and self.delta >= 1.0 / num_train:
+    def check_against_dataset(self, num_train: int, num_test: int | None = None) -> None:
+        """Rules that depend on the training-set size N (known once the data is loaded), and for
+        PATE on the test-split size (the public pool and the held-out examples come from it)."""
+        if self.mechanism in ("dpsgd", "pate") and self.delta >= 1.0 / num_train:
             raise ConfigError(
                 "delta",
                 f"{self.delta:g} is not below 1/N = {1.0 / num_train:.3g} (N = {num_train} training examples)",
                 hint="a delta of 1/N or more allows releasing one person's example outright; "
                 "use a delta well below 1/N, e.g. " + f"{10 ** math.floor(math.log10(0.1 / num_train)):g}",
             )
+        if self.mechanism == "pate":
+            self._check_pate_against_dataset(num_train, num_test)
+            return
         if self.expected_batch_size > num_train:
             raise ConfigError(
                 "expected_batch_size",
                 f"{self.expected_batch_size} is larger than the {num_train} training examples",
                 hint=f"allowed: 1 to {num_train}",
             )
+
+    def _check_pate_against_dataset(self, num_train: int, num_test: int | None) -> None:
+        if self.num_teachers > num_train:
+            raise ConfigError(
+                "num_teachers",
+                f"{self.num_teachers} is more than the {num_train} training examples; each teacher needs a shard",
+                hint=f"allowed: 2 to {num_train} (each teacher should see at least a few hundred examples)",
+            )
+        if num_test is None:
+            return
+        pool = self.pool_size_for(num_test)
+        if not 1 <= pool < num_test:
+            raise ConfigError(
+                "public_pool_size",
+                f"{pool} leaves no held-out examples: the test split has {num_test}",
+                hint=f"allowed: 1 to {num_test - 1}; the rest of the test split evaluates the student",
+            )
+        if self.num_queries > pool:
+            raise ConfigError(
+                "num_queries",
+                f"{self.num_queries} is more than the {pool} examples of the public pool",
+                hint=f"allowed: 1 to {pool}, or enlarge public_pool_size",
+            )
+
+    def pool_size_for(self, num_test: int) -> int:
+        """PATE: size of the public pool (the first examples of the test split)."""
+        return self.public_pool_size if self.public_pool_size is not None else int(0.9 * num_test)
 
     def sample_rate_for(self, num_train: int) -> float:
         return self.expected_batch_size / num_train
@@ -422,6 +534,32 @@ def collect_errors(values: dict[str, Any]) -> list[ConfigError]:
                     hint="lower the target or raise the budget",
                 )
             )
+    if values.get("mechanism") == "pate":
+        errors.extend(_pate_errors(values))
+    return errors
+
+
+def _pate_errors(values: dict[str, Any]) -> list[ConfigError]:
+    errors = []
+    teachers = values.get("num_teachers")
+    threshold = values.get("threshold")
+    if values.get("aggregator") == "confident" and teachers is not None and threshold is not None and threshold > teachers:
+        errors.append(
+            ConfigError(
+                "threshold",
+                f"{threshold:g} is above num_teachers = {teachers}: no vote count can reach it without noise",
+                hint=f"allowed: 0 to {teachers}; the papers use about 0.8 x num_teachers (200 of 250)",
+            )
+        )
+    pool, queries = values.get("public_pool_size"), values.get("num_queries")
+    if pool is not None and queries is not None and queries > pool:
+        errors.append(
+            ConfigError(
+                "num_queries",
+                f"{queries} is more than the public_pool_size {pool}",
+                hint=f"allowed: 1 to {pool}; the student can only ask about examples of its pool",
+            )
+        )
     return errors
 
 

@@ -144,7 +144,11 @@ def train_subset(data: Dataset, size: int, *, seed: int) -> Dataset:
 
 
 def prepare(config: RunConfig, *, emit: Emit = _noop) -> PreparedRun:
-    """Load the data, build the model and fix the privacy plan; emits a `plan` event."""
+    """Load the data, build the model and fix the privacy plan; emits a `plan` event.
+
+    PATE runs (mechanism "pate") get an `engine.pate.run.PreparedPATERun`, with the same
+    train() / run_fields() / finish() interface.
+    """
     data = load_dataset(
         config.dataset,
         data_dir=config.data_dir,
@@ -155,6 +159,10 @@ def prepare(config: RunConfig, *, emit: Emit = _noop) -> PreparedRun:
     )
     if config.train_subset is not None and config.train_subset < data.num_train:
         data = train_subset(data, config.train_subset, seed=config.seed)
+    if config.mechanism == "pate":
+        from engine.pate.run import prepare_pate
+
+        return prepare_pate(config, data, emit=emit)
     config.check_against_dataset(data.num_train)
     model_name = default_model_for(data) if config.model == "auto" else config.model
     torch.manual_seed(config.seed)

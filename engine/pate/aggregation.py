@@ -1,0 +1,79 @@
+"""The noisy aggregators that release the teachers' plurality vote (numpy, seeded).
+
+- LNMax [Papernot et al. 2017, Eq. 1]: argmax_j (n_j + Lap(b)).
+- GNMax [Papernot et al. 2018, Sec. 4.1]: argmax_j (n_j + N(0, sigma^2)).
+- Confident GNMax [Papernot et al. 2018, Algorithm 1]: answer only if
+  max_j n_j + N(0, sigma1^2) >= T, then GNMax with sigma2; otherwise release "rejected" (-1).
+
+Their privacy costs are in `engine.privacy.pate`. The noise comes from a `numpy.random.Generator`
+that the caller seeds; nothing here is private state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+AGGREGATORS = ("confident", "gnmax", "lnmax")
+REJECTED = -1
+
+
+@dataclass(frozen=True)
+class Released:
+    """What the aggregator released per query: `labels` (REJECTED = -1 where not answered) and
+    the `answered` mask (itself released: the student knows which queries went unanswered)."""
+
+    labels: np.ndarray
+    answered: np.ndarray
+
+    @property
+    def num_answered(self) -> int:
+        return int(self.answered.sum())
+
+
+def aggregate(
+    votes: np.ndarray,
+    *,
+    aggregator: str,
+    rng: np.random.Generator,
+    laplace_scale: float | None = None,
+    sigma: float | None = None,
+    threshold: float | None = None,
+    sigma1: float | None = None,
+    sigma2: float | None = None,
+) -> Released:
+    """Release a label (or a rejection) for each row of `votes` (shape (queries, classes)).
+
+    aggregator "lnmax" uses `laplace_scale`; "gnmax" uses `sigma`; "confident" uses `threshold`,
+    `sigma1` and `sigma2`. Noise is drawn for every query in order, so the same generator state gives
+    the same releases.
+    """
+    counts = np.asarray(votes, dtype=float)
+    if counts.ndim != 2 or counts.shape[1] < 2:
+        raise ValueError(f"votes must have shape (queries, classes >= 2); got {counts.shape}")
+    n = counts.shape[0]
+    if aggregator == "lnmax":
+        _positive("laplace_scale", laplace_scale)
+        labels = np.argmax(counts + rng.laplace(0.0, laplace_scale, size=counts.shape), axis=1)
+        return Released(labels.astype(np.int64), np.ones(n, dtype=bool))
+    if aggregator == "gnmax":
+        _positive("sigma", sigma)
+        labels = np.argmax(counts + rng.normal(0.0, sigma, size=counts.shape), axis=1)
+        return Released(labels.astype(np.int64), np.ones(n, dtype=bool))
+    if aggregator == "confident":
+        _positive("sigma1", sigma1)
+        _positive("sigma2", sigma2)
+        if threshold is None:
+            raise ValueError("threshold is needed for Confident GNMax")
+        check = counts.max(axis=1) + rng.normal(0.0, sigma1, size=n)
+        noisy = counts + rng.normal(0.0, sigma2, size=counts.shape)
+        answered = check >= threshold
+        labels = np.where(answered, np.argmax(noisy, axis=1), REJECTED)
+        return Released(labels.astype(np.int64), answered)
+    raise ValueError(f"aggregator must be one of {', '.join(AGGREGATORS)}; got {aggregator!r}")
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is None or not value > 0:
+        raise ValueError(f"{name} must be > 0; got {value!r}")

@@ -1,0 +1,509 @@
+"""A whole PATE run for the runner: teachers -> votes -> noisy answers -> student.
+
+`prepare_pate(config, data)` fixes the split and the models; `.train()` trains the teachers on
+disjoint shards of the private training set, lets them vote on the student's queries (the first
+`num_queries` examples of the public pool), releases answers with the configured aggregator until
+the epsilon budget would be exceeded, accounts privacy after every query, releases the
+data-dependent epsilon with smooth-sensitivity noise, and trains the student on what was released;
+`.finish()` writes the vote rows and saves the student (never a teacher).
+
+Epsilons of a run:
+- data-dependent ("pate-dd"): the papers' bound from the votes; the live curve, the budget and the
+  run's `epsilon` column. It depends on the private votes: not itself safe to publish.
+- data-independent ("pate-di"): from the noise settings and the number of (answered) queries.
+- released ("pate-released"): the data-dependent cost plus Gaussian noise scaled to its smooth
+  sensitivity, plus the cost of that release (Papernot et al. 2018, App. C): safe to publish. For
+  LNMax it is the data-independent value.
+
+Store note: the `votes` table holds the teachers' raw vote counts, which are NOT private outputs
+(only what the aggregator released is); keep the store file inside the trust boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from engine.config import RunConfig
+from engine.datasets import Dataset
+from engine.dpsgd.trainer import resolve_device
+from engine.errors import ConfigError
+from engine.models import build_model, default_model_for
+from engine.pate import aggregation
+from engine.pate.shards import partition
+from engine.pate.student import StudentResult, train_student
+from engine.pate.teachers import Teachers, build_teachers, train_teachers, vote_counts
+from engine.privacy import pate as analysis
+from engine.privacy import pate_smooth
+from engine.privacy.types import Epsilon
+
+Emit = Callable[..., Any]
+
+QUERY_BATCH = 100  # queries per vote_batch / privacy event
+QUERY_CHUNK = 1000  # queries the teachers vote on at a time
+MAX_TEACHER_METRICS = 1000  # per-teacher accuracy metrics beyond this are summarised only
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def make_optimizer(config: RunConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    """The configured optimizer; fused kernels where torch has them (one pass over the stacked
+    teacher parameters instead of several — Adam on 250 stacked teachers is memory-bound)."""
+    kwargs: dict[str, Any] = {"lr": config.learning_rate}
+    if config.optimizer == "momentum":
+        kwargs["momentum"] = config.momentum
+    cls = torch.optim.Adam if config.optimizer == "adam" else torch.optim.SGD
+    try:
+        return cls(params, fused=True, **kwargs)
+    except (RuntimeError, TypeError, ValueError):
+        return cls(params, **kwargs)
+
+
+def _seed(config: RunConfig, purpose: int) -> int:
+    return int(np.random.SeedSequence([config.seed, purpose]).generate_state(1)[0])
+
+
+@dataclass
+class PATEResult:
+    """What a PATE run did. `epsilon` is the data-dependent guarantee of the released labels."""
+
+    stop_reason: str  # "completed", "budget", "stopped"
+    seconds: float
+    teacher_seconds: float = 0.0
+    teacher_accuracy: np.ndarray | None = None
+    ensemble_accuracy: float | None = None
+    queries_processed: int = 0
+    answered: int = 0
+    label_accuracy: float | None = None
+    analysis: analysis.PateEpsilon | None = None
+    released: pate_smooth.ReleasedEpsilon | None = None
+    epsilon_released: float | None = None
+    student: StudentResult | None = None
+    vote_rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    @property
+    def epsilon(self) -> Epsilon | None:
+        return self.analysis.as_epsilon() if self.analysis is not None else None
+
+    @property
+    def test_accuracy(self) -> float | None:
+        return self.student.test_accuracy if self.student is not None else None
+
+
+@dataclass
+class PreparedPATERun:
+    config: RunConfig
+    data: Dataset
+    model_name: str  # the student's
+    model: nn.Module  # the student
+    teacher_model_name: str
+    device: torch.device
+    emit: Emit
+    x_pool: torch.Tensor
+    y_pool: torch.Tensor
+    x_holdout: torch.Tensor
+    y_holdout: torch.Tensor
+
+    @property
+    def num_queries(self) -> int:
+        return self.config.num_queries
+
+    # ---- training ------------------------------------------------------------------------------
+    def train(self, should_stop: Callable[[], bool] = lambda: False) -> PATEResult:
+        t0 = time.monotonic()
+        config, emit = self.config, self.emit
+        result = PATEResult(stop_reason="completed", seconds=0.0)
+
+        teachers = self._train_teachers(should_stop)
+        result.teacher_seconds = teachers.seconds
+        if teachers.epochs_done < config.teacher_epochs or teachers.num_teachers < config.num_teachers:
+            result.stop_reason = "stopped"
+            result.seconds = time.monotonic() - t0
+            return result
+
+        try:
+            emit("progress", phase="evaluating", done=0, total=1)
+            holdout_pred = teachers.predict(self.x_holdout.to(self.device), should_stop=should_stop).cpu()
+            result.teacher_accuracy, result.ensemble_accuracy = self._report_teachers(holdout_pred)
+            released = self._answer_queries(teachers, result, should_stop)
+        except InterruptedError:
+            result.stop_reason = "stopped"
+            result.seconds = time.monotonic() - t0
+            return result
+        del teachers  # the teachers go no further than their votes
+        if result.stop_reason == "stopped":
+            result.seconds = time.monotonic() - t0
+            return result
+
+        answered_idx = np.flatnonzero(released.answered[: result.queries_processed])
+        x_lab = self.x_pool[torch.as_tensor(answered_idx, dtype=torch.long)]
+        y_lab = torch.as_tensor(released.labels[answered_idx], dtype=torch.long)
+        torch.manual_seed(_seed(config, 4))
+        result.student = train_student(
+            self.model,
+            x_lab,
+            y_lab,
+            x_pool=self.x_pool,
+            x_eval=self.x_holdout,
+            y_eval=self.y_holdout,
+            epochs=config.student_epochs,
+            batch_size=config.student_batch_size,
+            make_optimizer=lambda params: make_optimizer(config, params),
+            seed=_seed(config, 5),
+            semi_supervised=config.semi_supervised,
+            evaluations_per_epoch=config.evaluations_per_epoch,
+            device=self.device,
+            emit=emit,
+            should_stop=should_stop,
+        )
+        if result.student.stop_reason == "stopped":
+            result.stop_reason = "stopped"
+        elif result.student.stop_reason == "no_labels":
+            emit("warning", message="no query was answered: the student was not trained "
+                 "(lower the threshold, raise the budget or ask more queries)")
+        result.seconds = time.monotonic() - t0
+        return result
+
+    def _train_teachers(self, should_stop: Callable[[], bool]) -> Teachers:
+        config, emit, data = self.config, self.emit, self.data
+        shards = partition(data.num_train, config.num_teachers, seed=_seed(config, 1))
+        models = build_teachers(self.teacher_model_name, input_shape=data.input_shape,
+                                num_classes=data.num_classes, num_teachers=config.num_teachers,
+                                seed=_seed(config, 2))
+        emit("progress", phase="teachers", done=0, total=config.teacher_epochs)
+        last = [0.0]
+
+        def on_epoch(done: int, total: int, loss: float) -> None:
+            emit("metric", step=done, epoch=float(done), name="teacher_train_loss", value=loss)
+            now = time.monotonic()
+            if now - last[0] > 0.5 or done == total:
+                emit("progress", phase="teachers", done=done, total=total)
+                last[0] = now
+
+        return train_teachers(
+            models,
+            data.x_train,
+            data.y_train,
+            shards,
+            epochs=config.teacher_epochs,
+            batch_size=config.teacher_batch_size,
+            make_optimizer=lambda params: make_optimizer(config, params),
+            seed=_seed(config, 3),
+            device=self.device,
+            on_epoch=on_epoch,
+            should_stop=should_stop,
+            model_name=self.teacher_model_name,
+        )
+
+    def _report_teachers(self, holdout_pred: torch.Tensor) -> tuple[np.ndarray, float]:
+        emit = self.emit
+        accuracy = (holdout_pred == self.y_holdout[None, :]).float().mean(dim=1).numpy()
+        for k, acc in enumerate(accuracy[:MAX_TEACHER_METRICS]):
+            emit("metric", step=k, epoch=0.0, name="teacher_accuracy", value=float(acc))
+        for name, value in (("teacher_accuracy_mean", accuracy.mean()), ("teacher_accuracy_min", accuracy.min()),
+                            ("teacher_accuracy_max", accuracy.max())):
+            emit("metric", step=0, epoch=0.0, name=name, value=float(value))
+        plurality = vote_counts(holdout_pred, self.data.num_classes).argmax(axis=1)
+        ensemble = float((plurality == self.y_holdout.numpy()).mean())
+        emit("metric", step=0, epoch=0.0, name="ensemble_accuracy", value=ensemble)
+        return accuracy, ensemble
+
+    # ---- queries -------------------------------------------------------------------------------
+    def _answer_queries(self, teachers: Teachers, result: PATEResult,
+                        should_stop: Callable[[], bool]) -> aggregation.Released:
+        """Ask the student's queries in order, a chunk at a time: the teachers vote, the aggregator
+        releases, privacy is accounted per query; stop before the query that could exceed the budget."""
+        config, emit = self.config, self.emit
+        params = _aggregator_params(config)
+        rng = np.random.default_rng(_seed(config, 6))
+        orders = analysis.PATE_ORDERS
+        cum_dd = np.zeros(orders.size)
+        cum_di = np.zeros(orders.size)
+        total = self.num_queries
+        all_votes, labels, answered = [], [], []
+        previous = 0.0
+        emit("progress", phase="querying", done=0, total=total)
+        for start in range(0, total, QUERY_CHUNK):
+            end = min(start + QUERY_CHUNK, total)
+            pred = teachers.predict(self.x_pool[start:end].to(self.device), should_stop=should_stop)
+            votes = vote_counts(pred.cpu(), self.data.num_classes)
+            released = aggregation.aggregate(votes, aggregator=config.aggregator, rng=rng, **params.noise)
+            real = analysis.query_costs(votes=votes, answered=released.answered, orders=orders, **params.analysis)
+            allowed = len(votes)
+            if config.epsilon_budget is not None:
+                worst = analysis.query_costs(votes=votes, answered=np.ones(len(votes), bool), orders=orders,
+                                             **params.analysis)
+                allowed = analysis.queries_within_budget(
+                    rdp_per_query=np.vstack([cum_dd, real.data_dependent]),
+                    rdp_worst_case=np.vstack([cum_dd, worst.data_dependent]),
+                    orders=orders, delta=config.delta, budget=config.epsilon_budget) - 1
+            eps_dd = analysis.epsilon_after_each(rdp_per_query=np.vstack([cum_dd, real.data_dependent[:allowed]]),
+                                                 orders=orders, delta=config.delta)[1:]
+            eps_di = analysis.epsilon_after_each(rdp_per_query=np.vstack([cum_di, real.data_independent[:allowed]]),
+                                                 orders=orders, delta=config.delta)[1:]
+            cum_dd += real.data_dependent[:allowed].sum(axis=0)
+            cum_di += real.data_independent[:allowed].sum(axis=0)
+            true_labels = self.y_pool[start:end].numpy()
+            for b0 in range(0, allowed, QUERY_BATCH):
+                if should_stop():
+                    result.stop_reason = "stopped"
+                    break
+                b1 = min(b0 + QUERY_BATCH, allowed)
+                for i in range(b0, b1):
+                    ok = bool(released.answered[i])
+                    result.vote_rows.append({
+                        "query_index": start + i,
+                        "histogram": json.dumps([int(c) for c in votes[i]]),
+                        "answered": int(ok),
+                        "label": int(released.labels[i]) if ok else None,
+                        "true_label": int(true_labels[i]),
+                        "epsilon_cost": float(eps_dd[i] - previous),
+                        "epsilon_after": float(eps_dd[i]),
+                    })
+                    previous = float(eps_dd[i])
+                n_ok = int(released.answered[b0:b1].sum())
+                emit("vote_batch", first_query=start + b0, count=b1 - b0, answered=n_ok, rejected=b1 - b0 - n_ok)
+                emit("privacy", step=start + b1, epsilon=float(eps_dd[b1 - 1]), delta=config.delta,
+                     accountant=analysis.ACCOUNTANT_DATA_DEPENDENT)
+                emit("privacy", step=start + b1, epsilon=float(eps_di[b1 - 1]), delta=config.delta,
+                     accountant=analysis.ACCOUNTANT_DATA_INDEPENDENT)
+                emit("progress", phase="querying", done=start + b1, total=total)
+                result.queries_processed = start + b1
+                all_votes.append(votes[b0:b1])
+                labels.append(released.labels[b0:b1])
+                answered.append(released.answered[b0:b1])
+            if result.stop_reason == "stopped":
+                break
+            if allowed < len(votes):
+                result.stop_reason = "budget"
+                emit("warning", message=f"stopped before query {start + allowed + 1} of {total}: it could exceed "
+                     f"the epsilon budget {config.epsilon_budget:g} (data-dependent, delta {config.delta:g})")
+                break
+        n = result.queries_processed
+        classes = self.data.num_classes
+        out = aggregation.Released(
+            np.concatenate(labels) if labels else np.zeros(0, np.int64),
+            np.concatenate(answered) if answered else np.zeros(0, bool),
+        )
+        result.answered = out.num_answered
+        if n:
+            votes_all = np.concatenate(all_votes) if all_votes else np.zeros((0, classes), np.int64)
+            self._finish_analysis(votes_all, out, result, params)
+        return out
+
+    def _finish_analysis(self, votes: np.ndarray, released: aggregation.Released, result: PATEResult,
+                         params: "_AggregatorParams") -> None:
+        config, emit = self.config, self.emit
+        n = votes.shape[0]
+        answered = released.answered[:n]
+        result.analysis = analysis.pate_epsilon(votes=votes, answered=answered, delta=config.delta, **params.analysis)
+        correct = released.labels[:n][answered] == self.y_pool[:n].numpy()[answered]
+        result.label_accuracy = float(correct.mean()) if answered.any() else None
+        if result.label_accuracy is not None:
+            emit("metric", step=n, epoch=0.0, name="label_accuracy", value=result.label_accuracy)
+        emit("metric", step=n, epoch=0.0, name="answered", value=float(answered.sum()))
+        if config.aggregator == "lnmax":
+            result.epsilon_released = result.analysis.epsilon_data_independent
+        else:
+            z = float(np.random.default_rng(_seed(config, 7)).standard_normal())
+            rel = pate_smooth.release_epsilon(votes=votes, answered=answered, delta=config.delta, noise=z,
+                                              num_teachers=config.num_teachers, **params.analysis)
+            result.released = rel
+            # Not min(released, data-independent): once the noisy value exists, anything chosen by looking
+            # at it carries its release cost. Which value to publish is fixed in advance, by the aggregator.
+            result.epsilon_released = rel.epsilon_released
+            if not rel.conditions_hold:
+                emit("warning", message=f"the smooth-sensitivity conditions C5-C6 failed the numerical check at "
+                     f"order {rel.order:g}; the released epsilon may not be reliable (use a larger sigma)")
+        emit("privacy", step=n, epsilon=float(result.epsilon_released), delta=config.delta, accountant="pate-released")
+
+    # ---- runner interface ----------------------------------------------------------------------
+    def run_fields(self, result: PATEResult | None) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "model": self.model_name,
+            "device": str(self.device),
+            "num_train": self.data.num_train,
+            "num_test": int(self.x_holdout.shape[0]),
+            "steps_planned": self.num_queries,
+            "delta": self.config.delta,
+            "accountant": analysis.ACCOUNTANT_DATA_DEPENDENT,
+        }
+        if result is not None:
+            fields.update(steps_done=result.queries_processed, stop_reason=result.stop_reason,
+                          accuracy=result.test_accuracy,
+                          epochs_done=result.student.epochs_done if result.student else 0)
+            if result.analysis is not None:
+                fields.update(epsilon=result.analysis.epsilon_data_dependent)
+        return fields
+
+    def summary(self, result: PATEResult) -> dict[str, Any]:
+        summary: dict[str, Any] = {
+            "stop_reason": result.stop_reason,
+            "seconds": round(result.seconds, 3),
+            "teacher_seconds": round(result.teacher_seconds, 3),
+            "num_teachers": self.config.num_teachers,
+            "teacher_model": self.teacher_model_name,
+            "aggregator": self.config.aggregator,
+            "queries": result.queries_processed,
+            "answered": result.answered,
+            "ensemble_accuracy": result.ensemble_accuracy,
+            "label_accuracy": result.label_accuracy,
+        }
+        if result.teacher_accuracy is not None:
+            acc = result.teacher_accuracy
+            summary["teacher_accuracy"] = {"mean": float(acc.mean()), "min": float(acc.min()),
+                                           "max": float(acc.max()), "std": float(acc.std())}
+        if result.analysis is not None:
+            a = result.analysis
+            summary.update(epsilon=a.epsilon_data_dependent, epsilon_data_dependent=a.epsilon_data_dependent,
+                           epsilon_data_independent=a.epsilon_data_independent, delta=a.delta,
+                           accountant=analysis.ACCOUNTANT_DATA_DEPENDENT, order=a.order,
+                           epsilon_released=result.epsilon_released)
+        if result.released is not None:
+            r = result.released
+            summary["release"] = {"order": r.order, "beta": r.beta, "sigma_ss": r.sigma_ss,
+                                  "release_rdp": float(r.release_rdp), "rdp_released": float(r.rdp_released),
+                                  "parameters_from_data": r.parameters_from_data,
+                                  "conditions_hold": r.conditions_hold}
+        if result.student is not None:
+            s = result.student
+            summary.update(test_accuracy=s.test_accuracy, test_loss=s.test_loss, student_epochs=s.epochs_done,
+                           student_steps=s.steps, student_seconds=round(s.seconds, 3))
+            if s.pseudo_label_rate is not None:
+                summary["pseudo_label_rate"] = s.pseudo_label_rate
+        return summary
+
+    def finish(self, result: PATEResult | None, *, store: Any, out_dir: Path, emit: Emit) -> dict[str, Any]:
+        """Write the vote rows, save the student as an artifact; return the run's summary."""
+        if result is None:
+            return {"stop_reason": "stopped"}
+        if result.vote_rows:
+            # The runner's emit is its EventWriter's bound method, which knows the run id.
+            run_id = getattr(getattr(emit, "__self__", None), "run_id", None)
+            if run_id is None:
+                raise ValueError("finish() needs the runner's EventWriter.emit to know which run the votes belong to")
+            store.insert_many("votes", [dict(row, run_id=run_id) for row in result.vote_rows])
+        summary = self.summary(result)
+        if result.student is None:
+            return summary
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / "model.pt"
+        torch.save(
+            {
+                "state_dict": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+                "model": self.model_name,
+                "input_shape": list(self.data.input_shape),
+                "num_classes": self.data.num_classes,
+                "normalization": self.data.normalization,
+                "class_names": list(self.data.class_names),
+                "config": self.config.to_dict(),
+            },
+            path,
+        )
+        from engine.runner import sha256_of
+
+        emit("artifact", kind="model", path=str(path), sha256=sha256_of(path))
+        return summary
+
+
+@dataclass(frozen=True)
+class _AggregatorParams:
+    noise: dict[str, Any]  # for aggregation.aggregate
+    analysis: dict[str, Any]  # for engine.privacy.pate
+
+
+def _aggregator_params(config: RunConfig) -> _AggregatorParams:
+    if config.aggregator == "lnmax":
+        return _AggregatorParams({"laplace_scale": config.laplace_scale},
+                                 {"mechanism": "lnmax", "laplace_scale": config.laplace_scale})
+    if config.aggregator == "gnmax":
+        return _AggregatorParams({"sigma": config.gnmax_sigma}, {"mechanism": "gnmax", "sigma": config.gnmax_sigma})
+    values = {"threshold": config.threshold, "sigma1": config.sigma1, "sigma2": config.sigma2}
+    return _AggregatorParams(values, {"mechanism": "confident", **values})
+
+
+def planned_epsilon_data_independent(config: RunConfig) -> float:
+    """The data-independent epsilon if all `num_queries` queries were answered (an upper bound
+    known before training)."""
+    params = _aggregator_params(config)
+    mech = params.analysis["mechanism"]
+    orders = analysis.PATE_ORDERS
+    if mech == "lnmax":
+        per = analysis.lnmax_rdp_data_independent(laplace_scale=config.laplace_scale, orders=orders)
+    elif mech == "gnmax":
+        per = analysis.gnmax_rdp_data_independent(sigma=config.gnmax_sigma, orders=orders)
+    else:
+        per = (analysis.threshold_rdp_data_independent(sigma1=config.sigma1, orders=orders)
+               + analysis.gnmax_rdp_data_independent(sigma=config.sigma2, orders=orders))
+    rdp = config.num_queries * per
+    return float(analysis.epsilon_after_each(rdp_per_query=rdp[None, :], orders=orders, delta=config.delta)[0])
+
+
+def prepare_pate(config: RunConfig, data: Dataset, *, emit: Emit = _noop) -> PreparedPATERun:
+    """Split the test set into pool and held-out part, pick the models; emits a `plan` event."""
+    config.check_against_dataset(data.num_train, data.num_test)
+    pool = config.pool_size_for(data.num_test)
+    teacher_name = default_model_for(data) if config.teacher_model == "auto" else config.teacher_model
+    try:
+        build_model(teacher_name, input_shape=data.input_shape, num_classes=data.num_classes)
+    except Exception as exc:
+        message = getattr(exc, "message", str(exc))
+        raise ConfigError("teacher_model", message, hint=getattr(exc, "hint", None)) from None
+    model_name = default_model_for(data) if config.model == "auto" else config.model
+    torch.manual_seed(config.seed)
+    model = build_model(model_name, input_shape=data.input_shape, num_classes=data.num_classes)
+    device = resolve_device(config.device)
+    shard = data.num_train // config.num_teachers
+    emit(
+        "plan",
+        mechanism="pate",
+        model=model_name,
+        teacher_model=teacher_name,
+        device=str(device),
+        num_train=data.num_train,
+        num_test=data.num_test - pool,
+        public_pool_size=pool,
+        input_shape=list(data.input_shape),
+        num_classes=data.num_classes,
+        dataset_fingerprint=data.fingerprint,
+        normalization=json.loads(json.dumps(data.normalization)),
+        num_teachers=config.num_teachers,
+        shard_size=shard,
+        aggregator=config.aggregator,
+        steps=config.num_queries,
+        steps_allowed=config.num_queries,
+        sample_rate=None,
+        noise_multiplier=None,
+        noise_calibrated=False,
+        delta=config.delta,
+        accountant=analysis.ACCOUNTANT_DATA_DEPENDENT,
+        epsilon_budget=config.epsilon_budget,
+        epsilon_data_independent_if_all_answered=planned_epsilon_data_independent(config),
+    )
+    if shard < 50:
+        emit("warning", message=f"each teacher gets only about {shard} training examples; expect weak teachers "
+             f"(fewer teachers, or a larger training set)")
+    return PreparedPATERun(
+        config=config,
+        data=data,
+        model_name=model_name,
+        model=model,
+        teacher_model_name=teacher_name,
+        device=device,
+        emit=emit,
+        x_pool=data.x_test[:pool],
+        y_pool=data.y_test[:pool],
+        x_holdout=data.x_test[pool:],
+        y_holdout=data.y_test[pool:],
+    )

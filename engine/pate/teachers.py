@@ -1,0 +1,234 @@
+"""Teachers: one model per shard, trained all at once; their votes and their accuracy.
+
+`train_teachers` trains the teachers as stacked ensembles (`ensemble.StackedEnsemble`): every
+step, each teacher takes its own mini-batch from its own shard and all teachers step together.
+`train_teachers_one_by_one` is the textbook loop (a model, an optimizer and a DataLoader per
+teacher), kept as the baseline the benchmark compares against.
+
+Teachers never leave the engine: nothing here writes them anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models import build_model
+from engine.pate.ensemble import StackedEnsemble
+from engine.pate.shards import shard_matrix
+
+MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+OnEpoch = Callable[[int, int, float], None]  # (epochs done over all groups, total, mean train loss)
+
+# Teachers are trained in groups sized so that one layer's activations for a whole group step stay
+# around this many floats (10 MB): small enough to stay in cache on a CPU, large enough that each
+# operation does a lot of work. Measured on 2 cores: mnist_cnn is fastest at ~25 teachers x 32
+# examples, mlp at ~100-150 teachers.
+ACTIVATION_BUDGET = 2_500_000
+
+
+def largest_activation(model: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """Floats in the largest input or layer output of `model` for one example."""
+    sizes = [math.prod(input_shape)]
+    hooks = [m.register_forward_hook(lambda _m, _i, out: sizes.append(out[0].numel()))
+             for m in model.modules() if not list(m.children())]
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, *input_shape))
+    finally:
+        for h in hooks:
+            h.remove()
+    return max(sizes)
+
+
+def group_size_for(model: nn.Module, input_shape: tuple[int, ...], batch_size: int, num_teachers: int) -> int:
+    per_teacher = batch_size * largest_activation(model, input_shape)
+    return int(min(num_teachers, max(1, ACTIVATION_BUDGET // per_teacher)))
+
+
+def build_teachers(model_name: str, *, input_shape: tuple[int, ...], num_classes: int, num_teachers: int,
+                   seed: int) -> list[nn.Module]:
+    """`num_teachers` freshly initialised models; teacher k's weights depend only on (seed, k)."""
+    models = []
+    for k in range(num_teachers):
+        torch.manual_seed(int(np.random.SeedSequence([seed, k, 0x7EAC]).generate_state(1)[0]))
+        models.append(build_model(model_name, input_shape=input_shape, num_classes=num_classes))
+    return models
+
+
+@dataclass
+class Teachers:
+    """Trained teachers (in memory only): stacked groups, in teacher order."""
+
+    groups: list[StackedEnsemble]
+    model_name: str
+    num_classes: int
+    shard_sizes: np.ndarray
+    seconds: float
+    epochs_done: int
+    train_loss: list[float] = field(default_factory=list)  # mean over teachers, per epoch
+    activation: int = 1  # floats in one member's largest activation for one example
+
+    @property
+    def num_teachers(self) -> int:
+        return sum(g.num_members for g in self.groups)
+
+    @torch.no_grad()
+    def predict(self, x: torch.Tensor, *, should_stop: Callable[[], bool] = lambda: False) -> torch.Tensor:
+        """Each teacher's predicted class for each example: shape (teachers, examples), int64."""
+        out = []
+        for group in self.groups:
+            was = group.training
+            group.eval()
+            chunk = max(1, ACTIVATION_BUDGET // (group.num_members * self.activation))
+            parts = []
+            for start in range(0, x.shape[0], chunk):
+                if should_stop():
+                    raise InterruptedError
+                parts.append(group.forward_shared(x[start : start + chunk]).argmax(-1))
+            group.train(was)
+            out.append(torch.cat(parts, dim=1))
+        return torch.cat(out, dim=0)
+
+    def member_state_dict(self, k: int) -> dict[str, torch.Tensor]:
+        for group in self.groups:
+            if k < group.num_members:
+                return group.member_state_dict(k)
+            k -= group.num_members
+        raise IndexError(k)
+
+
+def vote_counts(predictions: torch.Tensor, num_classes: int) -> np.ndarray:
+    """Histogram of the teachers' predictions per example: shape (examples, classes), int64."""
+    one_hot = F.one_hot(predictions, num_classes)  # (teachers, examples, classes)
+    return one_hot.sum(dim=0).cpu().numpy().astype(np.int64)
+
+
+def train_teachers(
+    models: Sequence[nn.Module],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    shards: Sequence[np.ndarray],
+    *,
+    epochs: int,
+    batch_size: int,
+    make_optimizer: MakeOptimizer,
+    seed: int,
+    device: torch.device = torch.device("cpu"),
+    on_epoch: OnEpoch | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    vectorize: str = "auto",
+    group_size: int | None = None,
+    model_name: str = "",
+) -> Teachers:
+    """Train teacher k on shard k, all teachers of a group in one stacked ensemble.
+
+    Every epoch each teacher visits its shard in a fresh random order (seeded) in mini-batches of
+    `batch_size`; the loss of teacher k is the mean over its own batch (the last, shorter batch of an
+    epoch is masked), and one optimizer step updates all teachers. Stops early (returning what was
+    trained) when `should_stop()` turns true between steps.
+    """
+    if len(models) != len(shards):
+        raise ValueError(f"{len(models)} models for {len(shards)} shards")
+    t0 = time.monotonic()
+    size = group_size or group_size_for(models[0], tuple(x.shape[1:]), batch_size, len(models))
+    starts = list(range(0, len(models), size))
+    total = len(starts) * epochs
+    done = 0
+    groups: list[StackedEnsemble] = []
+    losses = np.zeros(epochs)
+    epochs_done = epochs
+    x, y = x.to(device), y.to(device)
+    generator = torch.Generator(device="cpu").manual_seed(int(np.random.SeedSequence([seed, 0xBA7C]).generate_state(1)[0]))
+    for start in starts:
+        members = list(models[start : start + size])
+        index, lengths = shard_matrix(list(shards[start : start + size]))
+        ensemble = StackedEnsemble(members, vectorize=vectorize).to(device).train()
+        optimizer = make_optimizer(list(ensemble.parameters()))
+        k = len(members)
+        index_t = torch.as_tensor(index, device=device)
+        lengths_t = torch.as_tensor(lengths, device=device)
+        xs, ys = x[index_t], y[index_t]  # (k, max_len, ...)
+        rows = torch.arange(k, device=device)[:, None]
+        max_len = index.shape[1]
+        for epoch in range(epochs):
+            keys = torch.rand(k, max_len, generator=generator).to(device)
+            keys[torch.arange(max_len, device=device)[None, :] >= lengths_t[:, None]] = 2.0  # padding last
+            order = keys.argsort(dim=1)
+            loss_sum = 0.0
+            for s in range(0, max_len, batch_size):
+                if should_stop():
+                    epochs_done = min(epochs_done, epoch)
+                    groups.append(ensemble)
+                    return _finish(groups, x, shards, t0, epochs_done, losses[:epochs_done] / len(models), model_name)
+                idx = order[:, s : s + batch_size]
+                mask = (s + torch.arange(idx.shape[1], device=device))[None, :] < lengths_t[:, None]
+                logits = ensemble(xs[rows, idx])
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ys[rows, idx].reshape(-1),
+                                       reduction="none").view(k, -1)
+                per_teacher = (loss * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+                optimizer.zero_grad(set_to_none=True)
+                per_teacher.sum().backward()
+                optimizer.step()
+                loss_sum += float(per_teacher.detach().sum())
+            steps = math.ceil(max_len / batch_size)
+            losses[epoch] += loss_sum / steps
+            done += 1
+            if on_epoch is not None:
+                on_epoch(done, total, loss_sum / steps / k)
+        groups.append(ensemble)
+    return _finish(groups, x, shards, t0, epochs_done, losses / len(models), model_name)
+
+
+def _finish(groups: list[StackedEnsemble], x: torch.Tensor, shards, t0: float, epochs_done: int,
+            losses: np.ndarray, model_name: str) -> Teachers:
+    with torch.no_grad():
+        num_classes = int(groups[0].forward_shared(x[:1]).shape[-1])
+    activation = largest_activation(groups[0].member_module(0), tuple(x.shape[1:]))
+    return Teachers(
+        groups=groups,
+        model_name=model_name,
+        num_classes=num_classes,
+        shard_sizes=np.array([len(s) for s in shards]),
+        seconds=time.monotonic() - t0,
+        epochs_done=int(epochs_done),
+        train_loss=[float(v) for v in losses],
+        activation=activation,
+    )
+
+
+def train_teachers_one_by_one(
+    models: Sequence[nn.Module],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    shards: Sequence[np.ndarray],
+    *,
+    epochs: int,
+    batch_size: int,
+    make_optimizer: MakeOptimizer,
+    seed: int,
+) -> list[nn.Module]:
+    """The baseline: the textbook loop, one teacher after the other (a DataLoader per teacher)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    trained = []
+    for k, (model, shard) in enumerate(zip(models, shards)):
+        index = torch.as_tensor(shard)
+        loader = DataLoader(TensorDataset(x[index], y[index]), batch_size=batch_size, shuffle=True,
+                            generator=torch.Generator().manual_seed(seed * 100_003 + k))
+        optimizer = make_optimizer(list(model.parameters()))
+        model.train()
+        for _ in range(epochs):
+            for xb, yb in loader:
+                optimizer.zero_grad(set_to_none=True)
+                F.cross_entropy(model(xb), yb).backward()
+                optimizer.step()
+        trained.append(model)
+    return trained

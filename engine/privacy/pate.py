@@ -1,0 +1,670 @@
+"""Privacy analysis of PATE's noisy aggregators: LNMax, GNMax and Confident GNMax.
+
+Pure functions of vote histograms and numbers (numpy/scipy only, no torch, no I/O, no state).
+A vote histogram is a row of non-negative counts, one per class; `votes` is one row or a
+(queries, classes) array. The neighbouring relation is the papers': one training example
+changes one teacher, which moves at most one vote per query (one count -1, another +1).
+
+Every per-query cost is an RDP curve over `orders`; costs compose by addition [Mir17, Prop. 1],
+so the epsilon after every query is cheap (a running sum of RDP vectors), and the guarantee is
+converted to (epsilon, delta) with the same conversion as `engine.privacy.rdp.rdp_to_epsilon`
+([CKS20, Prop. 12]; tighter than the papers' eps = rdp + log(1/delta)/(alpha-1)).
+
+Data-dependent bounds depend on the private votes, so they are not themselves private; the
+smooth-sensitivity release of such a bound is in `engine.privacy.pate_smooth`.
+
+References
+----------
+[PAEGT17] N. Papernot, M. Abadi, U. Erlingsson, I. Goodfellow, K. Talwar, "Semi-supervised
+          Knowledge Transfer for Deep Learning from Private Training Data", ICLR 2017
+          (arXiv:1610.05755). Sec. 2.1 (LNMax, Eq. 1), Sec. 3 (moments accountant),
+          Theorem 2 (data-independent), Theorem 3 (data-dependent), Lemma 4 (q bound).
+[PSMRTE18] N. Papernot, S. Song, I. Mironov, A. Raghunathan, K. Talwar, U. Erlingsson,
+          "Scalable Private Learning with PATE", ICLR 2018 (arXiv:1802.08908).
+          Sec. 4.1 (GNMax), Sec. 4.2 (Confident GNMax, Algorithm 1), Proposition 7 (q bound),
+          Proposition 8 (data-independent RDP of GNMax), Theorem 6 (data-dependent RDP),
+          Proposition 10 (choice of mu1, mu2), Appendix B.
+[Mir17]   I. Mironov, "Renyi Differential Privacy", CSF 2017 (composition, Prop. 1).
+[BS16]    M. Bun, T. Steinke, "Concentrated Differential Privacy", TCC 2016, Prop. 3
+          (eps-DP implies (alpha, alpha eps^2 / 2)-RDP).
+[CKS20]   C. Canonne, G. Kamath, T. Steinke, arXiv:2004.00010, Prop. 12 (RDP -> (eps, delta)).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import special
+
+from engine.privacy.rdp import rdp_to_epsilon
+from engine.privacy.types import Epsilon
+
+__all__ = [
+    "PATE_ORDERS",
+    "MECHANISMS",
+    "ACCOUNTANT_DATA_DEPENDENT",
+    "ACCOUNTANT_DATA_INDEPENDENT",
+    "QueryCosts",
+    "PateEpsilon",
+    "MomentsEpsilon",
+    "gnmax_log_q",
+    "gnmax_rdp_data_independent",
+    "gnmax_rdp_data_dependent",
+    "gnmax_log_q0",
+    "threshold_log_pr_answered",
+    "threshold_rdp_data_independent",
+    "threshold_rdp_data_dependent",
+    "lnmax_log_q",
+    "lnmax_rdp_data_independent",
+    "lnmax_rdp_data_dependent",
+    "lnmax_moments_epsilon",
+    "query_costs",
+    "epsilon_after_each",
+    "queries_within_budget",
+    "pate_epsilon",
+]
+
+MECHANISMS = ("gnmax", "confident", "lnmax")
+ACCOUNTANT_DATA_DEPENDENT = "pate-dd"
+ACCOUNTANT_DATA_INDEPENDENT = "pate-di"
+
+
+def _default_orders() -> np.ndarray:
+    orders = np.concatenate(
+        [
+            np.arange(5, 8) / 4.0,  # 1.25, 1.5, 1.75: large epsilons
+            np.arange(4, 201) / 2.0,  # 2 .. 100 in steps of 0.5, as the authors' analysis
+            np.geomspace(100.0, 1000.0, 41)[1:],  # up to 1000: very small data-dependent costs
+        ]
+    )
+    orders.flags.writeable = False
+    return orders
+
+
+PATE_ORDERS: np.ndarray = _default_orders()
+"""RDP orders used when none are given (read-only, 240 orders): 1.25, 1.5, 1.75, then 2 to 100 in
+steps of 0.5, then 40 log-spaced orders up to 1000. Data-dependent PATE costs are often smallest at
+high orders, hence the long tail."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Results
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueryCosts:
+    """Per-query RDP costs of one aggregator over `orders` (arrays of shape (queries, orders)).
+
+    `weight` is how much of the GNMax step each query pays: 1/0 for answered/rejected queries
+    (realised answers), the probability of answering (expected cost), or 1 for GNMax and LNMax.
+    `threshold_*` are zero for aggregators without a threshold check.
+    """
+
+    mechanism: str
+    orders: np.ndarray
+    data_dependent: np.ndarray
+    data_independent: np.ndarray
+    weight: np.ndarray
+    pr_answered: np.ndarray  # Pr[threshold check passes] per query; 1 without a threshold
+    log_q: np.ndarray  # bound on log Pr[aggregate != plurality] per query (Prop. 7 / Lemma 4)
+
+    @property
+    def num_queries(self) -> int:
+        return int(self.data_dependent.shape[0])
+
+
+@dataclass(frozen=True)
+class PateEpsilon:
+    """The (epsilon, delta) guarantee of a PATE aggregation, data-dependent and data-independent.
+
+    `epsilon_data_dependent` uses the votes (Theorem 6 / Theorem 3); it is NOT itself private and
+    must not be published as it is (see `engine.privacy.pate_smooth.release_epsilon`).
+    `epsilon_data_independent` depends only on the noise settings and on how many queries were
+    asked/answered. `answered` is the realised count, or the expected count when the answers were
+    not given. `rdp` is the composed data-dependent RDP curve over `orders`.
+    """
+
+    mechanism: str
+    epsilon_data_dependent: float
+    epsilon_data_independent: float
+    delta: float
+    order: float | None
+    order_data_independent: float | None
+    num_queries: int
+    answered: float
+    answered_is_expected: bool
+    orders: np.ndarray
+    rdp: np.ndarray
+    rdp_data_independent: np.ndarray
+
+    def as_epsilon(self, *, data_dependent: bool = True) -> Epsilon:
+        if data_dependent:
+            return Epsilon(self.epsilon_data_dependent, self.delta, ACCOUNTANT_DATA_DEPENDENT, self.order)
+        return Epsilon(self.epsilon_data_independent, self.delta, ACCOUNTANT_DATA_INDEPENDENT,
+                       self.order_data_independent)
+
+
+@dataclass(frozen=True)
+class MomentsEpsilon:
+    """Result of the [PAEGT17] moments accountant: epsilon = min_l (sum alpha(l) + log(1/delta)) / l."""
+
+    value: float
+    delta: float
+    moment: int  # the l (1..moments) that attains the minimum
+    data_dependent: bool
+    log_moments: np.ndarray  # the composed alpha(l), l = 1..moments
+
+
+# ------------------------------------------------------------------------------------------------
+# Argument checks: one ValueError naming the argument, the value and the allowed range
+# ------------------------------------------------------------------------------------------------
+
+
+def _number(name: str, value, *, low: float = 0.0, inclusive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number; got {value!r}")
+    x = float(value)
+    ok = x >= low if inclusive else x > low
+    if math.isnan(x) or not ok or math.isinf(x):
+        rel = ">=" if inclusive else ">"
+        raise ValueError(f"{name} must be finite and {rel} {low:g}; got {value!r}")
+    return x
+
+
+def _delta(value) -> float:
+    d = _number("delta", value)
+    if d >= 1.0:
+        raise ValueError(f"delta must be in (0, 1) (exclusive); got {value!r}")
+    return d
+
+
+def _orders(value) -> np.ndarray:
+    a = np.atleast_1d(np.asarray(value, dtype=float))
+    if a.ndim != 1 or a.size == 0 or not np.all(np.isfinite(a) & (a > 1.0)):
+        raise ValueError(f"orders must be a non-empty 1-d sequence of finite numbers > 1; got {value!r}")
+    return a
+
+
+def _votes(value) -> np.ndarray:
+    """Votes as a float (queries, classes) array; one histogram becomes one row."""
+    a = np.asarray(value, dtype=float)
+    if a.ndim == 1:
+        a = a[None, :]
+    if a.ndim != 2 or a.shape[1] < 2:
+        raise ValueError(
+            f"votes must be a histogram of counts per class (at least 2 classes) or an array of shape "
+            f"(queries, classes); got shape {np.shape(value)}"
+        )
+    if not np.all(np.isfinite(a)) or np.any(a < 0):
+        raise ValueError("votes must be finite, non-negative counts")
+    return a
+
+
+def _mask(answered, num_queries: int) -> np.ndarray:
+    m = np.asarray(answered)
+    if m.shape != (num_queries,):
+        raise ValueError(f"answered must hold one entry per query: got shape {m.shape} for {num_queries} queries")
+    if m.dtype != bool:
+        if not np.all((m == 0) | (m == 1)):
+            raise ValueError("answered must be a boolean mask (or 0/1) of which queries were answered")
+        m = m.astype(bool)
+    return m
+
+
+# ------------------------------------------------------------------------------------------------
+# Numerics
+# ------------------------------------------------------------------------------------------------
+
+
+def _log1mexp(x: np.ndarray) -> np.ndarray:
+    """log(1 - exp(x)) for x <= 0, accurate near 0 and for very negative x."""
+    x = np.asarray(x, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(x < -math.log(2.0), np.log1p(-np.exp(x)), np.log(-np.expm1(x)))
+
+
+def _log_normal_sf(x: np.ndarray, scale: float) -> np.ndarray:
+    """log Pr[N(0, scale^2) >= x]."""
+    return special.log_ndtr(-np.asarray(x, dtype=float) / scale)
+
+
+# ------------------------------------------------------------------------------------------------
+# GNMax [PSMRTE18, Sec. 4.1]
+# ------------------------------------------------------------------------------------------------
+
+
+def gnmax_log_q(*, votes, sigma: float) -> np.ndarray:
+    """Upper bound on log Pr[GNMax does not output the plurality class], per query.
+
+    [PSMRTE18, Proposition 7]: with i* the plurality class (first on ties),
+    q~ = sum_{i != i*} Pr[N(0, 2 sigma^2) >= n_i* - n_i] = 1/2 sum erfc((n_i* - n_i) / (2 sigma)),
+    capped at 1 - 1/m (the plurality is the likeliest output). Returns shape (queries,).
+    """
+    v = _votes(votes)
+    s = _number("sigma", sigma)
+    top = np.argmax(v, axis=1)
+    gaps = v[np.arange(v.shape[0]), top][:, None] - v
+    log_terms = _log_normal_sf(gaps, math.sqrt(2.0) * s)
+    log_terms[np.arange(v.shape[0]), top] = -np.inf
+    log_q = special.logsumexp(log_terms, axis=1)
+    return np.minimum(log_q, math.log1p(-1.0 / v.shape[1]))
+
+
+def gnmax_rdp_data_independent(*, sigma: float, orders=PATE_ORDERS) -> np.ndarray:
+    """RDP of one GNMax query whatever the votes: alpha / sigma^2 [PSMRTE18, Proposition 8].
+
+    (The histogram moves by at most sqrt(2) in L2 norm, so the Gaussian mechanism on it has RDP
+    alpha * 2 / (2 sigma^2); the arg max is post-processing.)
+    """
+    s = _number("sigma", sigma)
+    return _orders(orders) / s**2
+
+
+def _gnmax_dd_unchecked(log_q: np.ndarray, sigma: float, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bound, valid): the data-dependent RDP bound of [PSMRTE18, Theorem 6] with mu1, mu2 of
+    Proposition 10, and where its conditions hold. Broadcasts log_q against orders.
+
+    mu2 = sigma sqrt(log(1/q)), mu1 = mu2 + 1, eps_i = mu_i / sigma^2 (GNMax is (mu_i, eps_i)-RDP);
+    A = (1 - q) / (1 - (q e^eps2)^((mu2 - 1) / mu2)), B = e^eps1 / q^(1 / (mu1 - 1)),
+    RDP(alpha) <= log((1 - q) A^(alpha-1) + q B^(alpha-1)) / (alpha - 1),
+    valid when q < 1, mu2 > 1, mu1 > alpha, q e^eps2 < 1 and
+    q <= e^((mu2 - 1) eps2) / (mu1 / (mu1 - 1) * mu2 / (mu2 - 1))^mu2.
+    """
+    log_q, alphas = np.broadcast_arrays(np.asarray(log_q, dtype=float), np.asarray(orders, dtype=float))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        t = -log_q
+        mu2 = sigma * np.sqrt(t)
+        mu1 = mu2 + 1.0
+        eps1 = mu1 / sigma**2
+        eps2 = mu2 / sigma**2
+        valid = (
+            np.isfinite(log_q)
+            & (log_q < 0.0)
+            & (mu2 > 1.0)
+            & (mu1 > alphas)
+            & (t > eps2)
+            & (log_q <= (mu2 - 1.0) * eps2 - mu2 * (np.log1p(1.0 / (mu1 - 1.0)) + np.log1p(1.0 / (mu2 - 1.0))))
+        )
+        log_1mq = _log1mexp(np.minimum(log_q, 0.0))
+        log_a = (alphas - 1.0) * (log_1mq - _log1mexp(np.minimum((log_q + eps2) * (1.0 - 1.0 / mu2), 0.0)))
+        log_b = (alphas - 1.0) * (eps1 - log_q / (mu1 - 1.0))
+        bound = np.logaddexp(log_1mq + log_a, log_q + log_b) / (alphas - 1.0)
+    bound = np.where(valid, bound, np.inf)
+    return bound, valid
+
+
+def gnmax_log_q0(*, sigma: float, orders=PATE_ORDERS) -> np.ndarray:
+    """log q0 per order: below q0 the data-dependent bound (Theorem 6) beats alpha / sigma^2.
+
+    The data-dependent bound is used for q < q0 and the data-independent one above, which makes the
+    per-query cost a non-decreasing function of q [PSMRTE18, App. B.4, conditions C5-C6]. q0 is the
+    root of bound(q) = alpha / sigma^2, searched below the natural upper bound
+    log q <= min(-(1 + 1/sigma)^2, -((alpha - 0.99) / sigma)^2, -1/sigma^2), where the conditions of
+    Theorem 6 hold (mu2 > 1, mu1 > alpha); when the bound already wins there, q0 is that upper
+    bound. Vectorised bisection over orders, to a relative precision of about 1e-13.
+    """
+    s = _number("sigma", sigma)
+    alphas = _orders(orders)
+    ind = alphas / s**2
+
+    def gap(log_q):  # > 0: data-independent is better (or the bound is invalid)
+        bound, _ = _gnmax_dd_unchecked(log_q, s, alphas)
+        return bound - ind
+
+    upper = np.minimum(np.minimum(-((1.0 + 1.0 / s) ** 2), -(((alphas - 0.99) / s) ** 2)), -1.0 / s**2)
+    done = gap(upper) < 0
+    lower = 2.0 * upper
+    for _ in range(200):
+        g = gap(lower)
+        expand = ~done & (g > 0)
+        if not expand.any():
+            break
+        lower = np.where(expand, lower * 1.5, lower)
+    lo, hi = lower.copy(), upper.copy()  # gap(lo) <= 0 < gap(hi)
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        below = gap(mid) <= 0
+        lo = np.where(below, mid, lo)
+        hi = np.where(below, hi, mid)
+        if np.all(hi - lo <= 1e-13 * np.abs(hi)):
+            break
+    return np.where(done, upper, lo)
+
+
+def _gnmax_rdp_from_log_q(log_q: np.ndarray, sigma: float, alphas: np.ndarray, log_q0: np.ndarray) -> np.ndarray:
+    """Per-query cost (queries, orders): Theorem 6 where q < q0 (and valid), else alpha / sigma^2."""
+    lq = np.asarray(log_q, dtype=float)[:, None]
+    ind = (alphas / sigma**2)[None, :]
+    bound, valid = _gnmax_dd_unchecked(lq, sigma, alphas[None, :])
+    use = valid & (lq < log_q0[None, :])
+    out = np.where(use, np.minimum(bound, ind), ind)
+    return np.where(np.isneginf(lq), 0.0, out)  # a certain outcome costs nothing
+
+
+def gnmax_rdp_data_dependent(*, votes=None, log_q=None, sigma: float, orders=PATE_ORDERS) -> np.ndarray:
+    """Data-dependent RDP of one GNMax query per histogram: shape (queries, orders).
+
+    [PSMRTE18, Theorem 6 with Proposition 10] at q~ from Proposition 7, where it beats the
+    data-independent alpha / sigma^2 (q < q0, see `gnmax_log_q0`), else alpha / sigma^2. Never
+    above the data-independent bound. Give `votes`, or `log_q` from `gnmax_log_q`.
+    """
+    s = _number("sigma", sigma)
+    alphas = _orders(orders)
+    if (votes is None) == (log_q is None):
+        raise ValueError("give either votes or log_q")
+    lq = gnmax_log_q(votes=votes, sigma=s) if votes is not None else np.atleast_1d(np.asarray(log_q, dtype=float))
+    if np.any(lq > 0) or np.any(np.isnan(lq)):
+        raise ValueError("log_q must be <= 0 (the log of a probability)")
+    return _gnmax_rdp_from_log_q(lq, s, alphas, gnmax_log_q0(sigma=s, orders=alphas))
+
+
+# ------------------------------------------------------------------------------------------------
+# The threshold check of Confident GNMax [PSMRTE18, Sec. 4.2, Algorithm 1]
+# ------------------------------------------------------------------------------------------------
+
+
+def threshold_log_pr_answered(*, votes, threshold: float, sigma1: float) -> np.ndarray:
+    """log Pr[max_i n_i + N(0, sigma1^2) >= T] per query (the check passes; the query is answered).
+
+    As in the authors' analysis the maximum count is rounded to an integer first (it is one for
+    teacher votes).
+    """
+    v = _votes(votes)
+    t = _number("threshold", threshold, low=0.0, inclusive=True)
+    s1 = _number("sigma1", sigma1)
+    return _log_normal_sf(t - np.round(v.max(axis=1)), s1)
+
+
+def threshold_rdp_data_independent(*, sigma1: float, orders=PATE_ORDERS) -> np.ndarray:
+    """RDP of one threshold check: alpha / (2 sigma1^2) (a Gaussian mechanism on the maximum count,
+    which moves by at most 1 between neighbours) [PSMRTE18, Sec. 4.2]."""
+    s1 = _number("sigma1", sigma1)
+    return _orders(orders) / (2.0 * s1**2)
+
+
+def _threshold_rdp_from_log_p(log_p: np.ndarray, sigma1: float, alphas: np.ndarray, log_q0: np.ndarray) -> np.ndarray:
+    # The check has two outcomes; q is the probability of the less likely one. It is a Gaussian
+    # mechanism of sensitivity 1, i.e. GNMax-like with sigma' = sqrt(2) sigma1 (same RDP curve).
+    log_q = np.minimum(log_p, _log1mexp(np.minimum(log_p, 0.0)))
+    return _gnmax_rdp_from_log_q(log_q, math.sqrt(2.0) * sigma1, alphas, log_q0)
+
+
+def threshold_rdp_data_dependent(*, votes, threshold: float, sigma1: float, orders=PATE_ORDERS) -> np.ndarray:
+    """Data-dependent RDP of the threshold check per query: shape (queries, orders).
+
+    [PSMRTE18, Sec. 4.2 and App. B]: Theorem 6 applied to the two-outcome check with
+    q = min(Pr[answered], Pr[rejected]) and sigma' = sqrt(2) sigma1, never above alpha / (2 sigma1^2).
+    """
+    s1 = _number("sigma1", sigma1)
+    alphas = _orders(orders)
+    log_p = threshold_log_pr_answered(votes=votes, threshold=threshold, sigma1=s1)
+    return _threshold_rdp_from_log_p(log_p, s1, alphas, gnmax_log_q0(sigma=math.sqrt(2.0) * s1, orders=alphas))
+
+
+# ------------------------------------------------------------------------------------------------
+# LNMax [PAEGT17]
+# ------------------------------------------------------------------------------------------------
+
+
+def lnmax_log_q(*, votes, laplace_scale: float) -> np.ndarray:
+    """Upper bound on log Pr[LNMax does not output the plurality class], per query.
+
+    [PAEGT17, Lemma 4] with gamma = 1 / laplace_scale and gaps d_i = gamma (n_i* - n_i):
+    q = sum_{i != i*} (2 + d_i) / (4 e^{d_i}), capped at 1 - 1/m.
+    """
+    v = _votes(votes)
+    b = _number("laplace_scale", laplace_scale)
+    top = np.argmax(v, axis=1)
+    d = (v[np.arange(v.shape[0]), top][:, None] - v) / b
+    log_terms = np.log(2.0 + d) - math.log(4.0) - d
+    log_terms[np.arange(v.shape[0]), top] = -np.inf
+    return np.minimum(special.logsumexp(log_terms, axis=1), math.log1p(-1.0 / v.shape[1]))
+
+
+def lnmax_rdp_data_independent(*, laplace_scale: float, orders=PATE_ORDERS) -> np.ndarray:
+    """RDP of one LNMax query whatever the votes: min(alpha eps^2 / 2, eps) with eps = 2 / b.
+
+    LNMax adds Laplace(b) noise to each count; one teacher moves two counts, so a query is
+    (2 gamma)-DP with gamma = 1/b [PAEGT17, Sec. 2.1, Theorem 2]; eps-DP implies
+    (alpha, alpha eps^2 / 2)-RDP [BS16, Prop. 3] and (alpha, eps)-RDP.
+    """
+    b = _number("laplace_scale", laplace_scale)
+    eps = 2.0 / b
+    alphas = _orders(orders)
+    return np.minimum(0.5 * eps**2 * alphas, eps)
+
+
+def _lnmax_rdp_from_log_q(log_q: np.ndarray, eps: float, alphas: np.ndarray) -> np.ndarray:
+    lq = np.asarray(log_q, dtype=float)[:, None]
+    a = alphas[None, :]
+    ind = np.minimum(0.5 * eps**2 * a, eps)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        # [PAEGT17, Theorem 3] needs q < (e^eps - 1) / (e^(2 eps) - 1) = 1 / (e^eps + 1).
+        applies = lq < -math.log1p(math.exp(eps)) if eps < 700 else lq < -eps
+        log_1mq = _log1mexp(np.minimum(lq, 0.0))
+        log_den = _log1mexp(np.minimum(lq + eps, 0.0))
+        log_t = np.logaddexp(log_1mq + (a - 1.0) * (log_1mq - log_den), lq + eps * (a - 1.0))
+        dd = log_t / (a - 1.0)
+    out = np.where(applies, np.minimum(dd, ind), ind)
+    return np.where(np.isneginf(lq), 0.0, out)
+
+
+def lnmax_rdp_data_dependent(*, votes, laplace_scale: float, orders=PATE_ORDERS) -> np.ndarray:
+    """Data-dependent RDP of one LNMax query per histogram: shape (queries, orders).
+
+    [PAEGT17, Theorem 3] in RDP form (order alpha = l + 1 of the moment l): with eps = 2 / b and
+    q from Lemma 4, if q < 1 / (e^eps + 1),
+    RDP(alpha) <= log((1 - q) ((1 - q) / (1 - e^eps q))^(alpha-1) + q e^(eps (alpha-1))) / (alpha - 1),
+    and never above the data-independent min(alpha eps^2 / 2, eps).
+    """
+    b = _number("laplace_scale", laplace_scale)
+    log_q = lnmax_log_q(votes=votes, laplace_scale=b)
+    return _lnmax_rdp_from_log_q(log_q, 2.0 / b, _orders(orders))
+
+
+def lnmax_moments_epsilon(
+    *,
+    laplace_scale: float,
+    delta: float,
+    votes=None,
+    num_queries: int | None = None,
+    moments: int = 8,
+) -> MomentsEpsilon:
+    """The [PAEGT17, Sec. 3] moments-accountant epsilon of LNMax, as that paper computes it.
+
+    alpha(l) per query is l times the RDP at order l + 1 (`lnmax_rdp_data_dependent` with votes,
+    `lnmax_rdp_data_independent` with `num_queries` only); the moments add up over queries, and
+    epsilon = min over l = 1..moments of (sum alpha(l) + log(1/delta)) / l. E.g. 9,000 queries with
+    gamma = 0.2 (b = 5), delta = 1e-5 and 8 moments give 1440 + log(1e5) = 1451.51 (at l = 1).
+    """
+    b = _number("laplace_scale", laplace_scale)
+    d = _delta(delta)
+    if isinstance(moments, bool) or not isinstance(moments, numbers.Integral) or moments < 1:
+        raise ValueError(f"moments must be a whole number >= 1; got {moments!r}")
+    ls = np.arange(1, int(moments) + 1, dtype=float)
+    if votes is not None:
+        rdp = lnmax_rdp_data_dependent(votes=votes, laplace_scale=b, orders=ls + 1.0).sum(axis=0)
+        dependent = True
+    else:
+        if isinstance(num_queries, bool) or not isinstance(num_queries, numbers.Integral) or num_queries < 0:
+            raise ValueError(f"give votes, or num_queries as a whole number >= 0; got {num_queries!r}")
+        rdp = int(num_queries) * lnmax_rdp_data_independent(laplace_scale=b, orders=ls + 1.0)
+        dependent = False
+    log_moments = rdp * ls
+    eps = (log_moments + math.log(1.0 / d)) / ls
+    best = int(np.argmin(eps))
+    return MomentsEpsilon(float(eps[best]), d, best + 1, dependent, log_moments)
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-query costs of a whole aggregation, composition and conversion
+# ------------------------------------------------------------------------------------------------
+
+
+def query_costs(
+    *,
+    votes,
+    mechanism: str,
+    sigma: float | None = None,
+    threshold: float | None = None,
+    sigma1: float | None = None,
+    sigma2: float | None = None,
+    laplace_scale: float | None = None,
+    answered=None,
+    orders=PATE_ORDERS,
+) -> QueryCosts:
+    """Per-query RDP costs (data-dependent and data-independent) of an aggregator on `votes`.
+
+    mechanism "gnmax" (needs `sigma`), "lnmax" (needs `laplace_scale`) or "confident" (needs
+    `threshold`, `sigma1`, `sigma2`). For Confident GNMax every query pays the threshold check and
+    only answered queries pay GNMax [PSMRTE18, Sec. 4.2]: with `answered` (a boolean mask, the
+    released outcome of the checks) the realised cost; without it the expected cost,
+    check + Pr[answered] * GNMax, as the paper's analysis (and then the "data-independent" cost
+    depends on the votes through Pr[answered] too).
+    """
+    v = _votes(votes)
+    alphas = _orders(orders)
+    n = v.shape[0]
+    ones = np.ones(n)
+    if mechanism == "gnmax":
+        s = _require("sigma", sigma)
+        log_q = gnmax_log_q(votes=v, sigma=s)
+        dd = _gnmax_rdp_from_log_q(log_q, s, alphas, gnmax_log_q0(sigma=s, orders=alphas))
+        di = np.broadcast_to(gnmax_rdp_data_independent(sigma=s, orders=alphas), dd.shape)
+        weight = ones if answered is None else _mask(answered, n).astype(float)
+        return QueryCosts(mechanism, alphas, dd * weight[:, None], di * weight[:, None], weight, ones, log_q)
+    if mechanism == "lnmax":
+        b = _require("laplace_scale", laplace_scale)
+        log_q = lnmax_log_q(votes=v, laplace_scale=b)
+        dd = _lnmax_rdp_from_log_q(log_q, 2.0 / b, alphas)
+        di = np.broadcast_to(lnmax_rdp_data_independent(laplace_scale=b, orders=alphas), dd.shape)
+        weight = ones if answered is None else _mask(answered, n).astype(float)
+        return QueryCosts(mechanism, alphas, dd * weight[:, None], di * weight[:, None], weight, ones, log_q)
+    if mechanism == "confident":
+        t = _number("threshold", _require("threshold", threshold), low=0.0, inclusive=True)
+        s1, s2 = _require("sigma1", sigma1), _require("sigma2", sigma2)
+        log_p = threshold_log_pr_answered(votes=v, threshold=t, sigma1=s1)
+        thr_dd = _threshold_rdp_from_log_p(log_p, s1, alphas, gnmax_log_q0(sigma=math.sqrt(2.0) * s1, orders=alphas))
+        thr_di = threshold_rdp_data_independent(sigma1=s1, orders=alphas)[None, :]
+        log_q = gnmax_log_q(votes=v, sigma=s2)
+        gn_dd = _gnmax_rdp_from_log_q(log_q, s2, alphas, gnmax_log_q0(sigma=s2, orders=alphas))
+        gn_di = gnmax_rdp_data_independent(sigma=s2, orders=alphas)[None, :]
+        pr = np.exp(log_p)
+        weight = pr if answered is None else _mask(answered, n).astype(float)
+        dd = thr_dd + weight[:, None] * gn_dd
+        di = thr_di + weight[:, None] * gn_di
+        return QueryCosts(mechanism, alphas, dd, di, weight, pr, log_q)
+    raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}; got {mechanism!r}")
+
+
+def _require(name: str, value) -> float:
+    if value is None:
+        raise ValueError(f"{name} is needed for this mechanism")
+    return _number(name, value)
+
+
+def _conversion_offset(alphas: np.ndarray, delta: float) -> np.ndarray:
+    """The [CKS20, Prop. 12] term added to the RDP at each order (as `rdp_to_epsilon`)."""
+    return np.log1p(-1.0 / alphas) - (math.log(delta) + np.log(alphas)) / (alphas - 1.0)
+
+
+def epsilon_after_each(*, rdp_per_query, orders=PATE_ORDERS, delta: float) -> np.ndarray:
+    """Epsilon (at `delta`) after each query: the running sum of per-query RDP, converted.
+
+    Same conversion as `engine.privacy.rdp.rdp_to_epsilon` [CKS20, Prop. 12], including its
+    (0, delta) shortcut when delta^2 >= 1 - exp(-rdp), vectorised over the prefixes; shape
+    (queries,). Cheap: this is the live epsilon of a run.
+    """
+    alphas = _orders(orders)
+    d = _delta(delta)
+    costs = np.asarray(rdp_per_query, dtype=float)
+    if costs.ndim != 2 or costs.shape[1] != alphas.size:
+        raise ValueError(f"rdp_per_query must have shape (queries, {alphas.size}); got {costs.shape}")
+    cum = np.cumsum(costs, axis=0)
+    return _epsilon_rows(cum, alphas, d)[0]
+
+
+def queries_within_budget(*, rdp_per_query, rdp_worst_case, orders=PATE_ORDERS, delta: float,
+                          budget: float) -> int:
+    """How many queries, in order, can be processed without exceeding `budget` (epsilon at `delta`).
+
+    Query i is processed only if the cost so far plus the most query i can cost (`rdp_worst_case`,
+    e.g. threshold check and answer for Confident GNMax) stays within the budget; `rdp_per_query`
+    is what each processed query actually cost. Both have shape (queries, orders). Returns the index
+    of the first query that could exceed the budget (= the number processed), or all of them.
+    """
+    alphas = _orders(orders)
+    d = _delta(delta)
+    b = _number("budget", budget)
+    real = np.asarray(rdp_per_query, dtype=float)
+    worst = np.asarray(rdp_worst_case, dtype=float)
+    if real.shape != worst.shape or real.ndim != 2 or real.shape[1] != alphas.size:
+        raise ValueError(f"rdp_per_query and rdp_worst_case must both have shape (queries, {alphas.size})")
+    before = np.cumsum(real, axis=0) - real
+    eps, _ = _epsilon_rows(before + worst, alphas, d)
+    over = np.flatnonzero(eps > b)
+    return int(over[0]) if over.size else int(real.shape[0])
+
+
+def _epsilon_rows(rdp: np.ndarray, alphas: np.ndarray, delta: float) -> tuple[np.ndarray, np.ndarray]:
+    """(epsilon, best order) for each row of an RDP array of shape (rows, orders)."""
+    eps = rdp + _conversion_offset(alphas, delta)[None, :]
+    with np.errstate(over="ignore", invalid="ignore"):
+        zero = delta * delta + np.expm1(-rdp) >= 0.0
+    eps = np.where(zero, 0.0, eps)
+    eps = np.where(np.isinf(rdp), np.inf, eps)
+    best = np.argmin(eps, axis=1)
+    value = np.maximum(eps[np.arange(eps.shape[0]), best], 0.0)
+    return value, alphas[best]
+
+
+def pate_epsilon(
+    *,
+    votes,
+    mechanism: str,
+    delta: float,
+    sigma: float | None = None,
+    threshold: float | None = None,
+    sigma1: float | None = None,
+    sigma2: float | None = None,
+    laplace_scale: float | None = None,
+    answered=None,
+    orders=PATE_ORDERS,
+) -> PateEpsilon:
+    """The (epsilon, delta) of answering the student's queries on `votes` with `mechanism`.
+
+    Composes the per-query costs of `query_costs` (RDP adds up [Mir17, Prop. 1]) and converts at
+    the best order with `rdp_to_epsilon`. Returns both the data-dependent epsilon (which depends on
+    the private votes) and the data-independent one.
+    """
+    d = _delta(delta)
+    costs = query_costs(votes=votes, mechanism=mechanism, sigma=sigma, threshold=threshold, sigma1=sigma1,
+                        sigma2=sigma2, laplace_scale=laplace_scale, answered=answered, orders=orders)
+    rdp = costs.data_dependent.sum(axis=0)
+    rdp_ind = costs.data_independent.sum(axis=0)
+    dep = _to_epsilon(costs.orders, rdp, d)
+    ind = _to_epsilon(costs.orders, rdp_ind, d)
+    return PateEpsilon(
+        mechanism=mechanism,
+        epsilon_data_dependent=dep.value,
+        epsilon_data_independent=ind.value,
+        delta=d,
+        order=dep.order,
+        order_data_independent=ind.order,
+        num_queries=costs.num_queries,
+        answered=float(costs.weight.sum()),
+        answered_is_expected=answered is None and mechanism == "confident",
+        orders=costs.orders,
+        rdp=rdp,
+        rdp_data_independent=rdp_ind,
+    )
+
+
+def _to_epsilon(alphas: np.ndarray, rdp: np.ndarray, delta: float) -> Epsilon:
+    if rdp.size and np.all(rdp == 0):
+        return Epsilon(0.0, delta, "rdp", None)
+    return rdp_to_epsilon(orders=alphas, rdp=rdp, delta=delta)

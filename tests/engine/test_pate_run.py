@@ -1,0 +1,153 @@
+"""PATE runs end to end on real MNIST: the runner process fills the votes table, accounts privacy
+per query, stops at the budget, saves only the student; and the example configs run shortened."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine.config import RunConfig
+from engine.events import decode
+from engine.privacy import pate as analysis
+from engine.runner import execute
+from engine.store import Store
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "resources" / "examples"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def small_pate(mnist_dir: Path, **changes) -> dict:
+    """20 small teachers on 4,000 training images, 300 queries: a few seconds."""
+    values = dict(
+        name="pate-small",
+        dataset="mnist",
+        data_dir=str(mnist_dir.parent),
+        mechanism="pate",
+        train_subset=4000,
+        num_teachers=20,
+        teacher_model="mlp",
+        teacher_epochs=8,
+        teacher_batch_size=32,
+        optimizer="adam",
+        learning_rate=0.003,
+        aggregator="confident",
+        threshold=13.0,
+        sigma1=4.0,
+        sigma2=2.0,
+        num_queries=300,
+        model="mlp",
+        student_epochs=5,
+        delta=1e-5,
+        seed=1,
+    )
+    values.update(changes)
+    return values
+
+
+def test_real_mnist_pate_run_through_the_runner_fills_the_votes_table(tmp_path, mnist_dir):
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = store.create_run(RunConfig(**small_pate(mnist_dir)))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "engine.runner", str(run_id), "--db", str(store.path)],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    events = [e for e in map(decode, proc.stdout.splitlines()) if e]
+    run = store.get_run(run_id)
+    assert run["status"] == "finished" and run["mechanism"] == "pate" and run["stop_reason"] == "completed"
+
+    votes = store.votes(run_id)
+    assert [v["query_index"] for v in votes] == list(range(300))
+    assert all(sum(v["histogram"]) == 20 and len(v["histogram"]) == 10 for v in votes)
+    assert all((v["label"] is None) == (not v["answered"]) for v in votes)
+    after = np.array([v["epsilon_after"] for v in votes])
+    assert np.all(np.diff(after) >= -1e-12)
+    assert np.allclose(np.cumsum([v["epsilon_cost"] for v in votes]), after)
+    answered = np.array([v["answered"] for v in votes])
+    assert 0 < answered.sum() < 300
+
+    # The stored votes reproduce the run's epsilon with the pure analysis.
+    hist = np.array([v["histogram"] for v in votes])
+    res = analysis.pate_epsilon(votes=hist, mechanism="confident", threshold=13.0, sigma1=4.0, sigma2=2.0,
+                                answered=answered, delta=1e-5)
+    assert run["epsilon"] == pytest.approx(res.epsilon_data_dependent, rel=1e-9)
+    assert after[-1] == pytest.approx(res.epsilon_data_dependent, rel=1e-9)
+    assert run["accountant"] == "pate-dd" and run["steps_done"] == 300
+
+    batches = [e for e in events if e["type"] == "vote_batch"]
+    assert sum(b["count"] for b in batches) == 300 and len(batches) == 3
+    assert sum(b["answered"] for b in batches) == answered.sum()
+    assert sum(b["rejected"] for b in batches) == 300 - answered.sum()
+    privacy = store.privacy(run_id)
+    assert {p["accountant"] for p in privacy} == {"pate-dd", "pate-di", "pate-released"}
+    assert [p["step"] for p in privacy if p["accountant"] == "pate-dd"] == [100, 200, 300]
+    teacher_acc = store.metrics(run_id, "teacher_accuracy")
+    assert len(teacher_acc) == 20 and all(0.5 < m["value"] <= 1 for m in teacher_acc)
+
+    summary = run["summary"]
+    assert summary["answered"] == answered.sum() and summary["queries"] == 300
+    assert summary["epsilon_data_dependent"] <= summary["epsilon_data_independent"]
+    assert summary["epsilon_released"] > 0 and summary["release"]["conditions_hold"] in (True, False)
+    assert run["accuracy"] == summary["test_accuracy"] > 0.5
+
+    # Only the student leaves the engine.
+    arts = store.artifacts(run_id)
+    assert [a["kind"] for a in arts] == ["model"]
+    files = list(Path(arts[0]["path"]).parent.iterdir())
+    assert [f.name for f in files] == ["model.pt"]
+    saved = torch.load(arts[0]["path"], weights_only=False)
+    assert saved["model"] == "mlp" and saved["config"]["mechanism"] == "pate"
+    assert not any("teacher" in json.dumps(e) and e["type"] == "artifact" for e in events)
+
+
+def test_budget_stops_answering_before_the_query_that_would_exceed_it(tmp_path, mnist_dir):
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = store.create_run(RunConfig(**small_pate(mnist_dir, epsilon_budget=15.0, teacher_epochs=3,
+                                                     student_epochs=2)))
+    status = execute(store, run_id, stream=open(os.devnull, "w"))
+    run = store.get_run(run_id)
+    assert status == "finished" and run["stop_reason"] == "budget"
+    votes = store.votes(run_id)
+    assert 0 < len(votes) < 300 and run["steps_done"] == len(votes)
+    assert run["epsilon"] <= 15.0 and votes[-1]["epsilon_after"] == pytest.approx(run["epsilon"])
+    warnings = [e for e in store.events(run_id) if e["type"] == "warning"]
+    assert any(f"stopped before query {len(votes) + 1}" in w["message"] for w in warnings)
+
+
+def test_stopping_during_teacher_training_saves_nothing(tmp_path, mnist_dir):
+    from engine.runs import prepare
+
+    config = RunConfig(**small_pate(mnist_dir, teacher_epochs=50))
+    prepared = prepare(config)
+    calls = iter(range(10_000))
+    result = prepared.train(should_stop=lambda: next(calls) > 20)
+    assert result.stop_reason == "stopped" and result.queries_processed == 0 and not result.vote_rows
+    assert prepared.run_fields(result)["steps_done"] == 0
+
+
+@pytest.mark.parametrize("example", ["pate-mnist-quick.toml", "pate-mnist.toml"])
+def test_example_configs_run_shortened(tmp_path, mnist_dir, example):
+    config = RunConfig.load_toml(EXAMPLES / example)
+    assert config.mechanism == "pate"
+    short = config.replace(data_dir=str(mnist_dir.parent), train_subset=2000, num_teachers=10,
+                           teacher_model="logistic", teacher_epochs=1, num_queries=50,
+                           threshold=min(config.threshold, 8.0), model="logistic", student_epochs=1,
+                           semi_supervised=False, epsilon_budget=None)
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = store.create_run(short)
+    assert execute(store, run_id, stream=open(os.devnull, "w")) == "finished"
+    assert store.table_counts(run_id)["votes"] == 50

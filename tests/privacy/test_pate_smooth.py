@@ -1,0 +1,147 @@
+"""Smooth sensitivity of PATE's data-dependent cost and its release (Papernot et al. 2018, App. B-C).
+
+Reference arrays come from the authors' public tests (tensorflow/privacy
+research/pate_2018/smooth_sensitivity_test.py) and from their smooth_sensitivity_table.py run by
+hand on the votes built here; the rest are closed forms and properties of smooth sensitivity.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from engine.privacy import pate, pate_smooth
+
+from test_pate_analysis import synthetic_votes  # tests/privacy is on sys.path (pytest's prepend import mode)
+
+
+def test_gnmax_local_sensitivity_going_right_matches_authors():
+    out = pate_smooth.gnmax_local_sensitivity_by_distance(votes=[10, 0, 0], num_teachers=10, sigma=0.5, order=1.5)[0]
+    ref = [3.13503646e-17, 1.60178280e-08, 5.90681786e-03] + [5.99981308e00] * 7
+    np.testing.assert_allclose(out, ref, rtol=1e-8)
+
+
+def test_gnmax_local_sensitivity_going_left_matches_authors():
+    out = pate_smooth.gnmax_local_sensitivity_by_distance(votes=[1000, 500, 300, 200, 0], num_teachers=2000,
+                                                          sigma=250.0, order=10.0)[0]
+    ref = np.array([0.0] * 298 + [2.77693450548e-7, 2.10853979548e-6] + [2.73113623988e-6] * 1700)
+    np.testing.assert_allclose(out, ref, rtol=1e-8, atol=1e-300)
+
+
+THRESHOLD_CASES = [
+    # (threshold, authors' array for counts [20, 10, 0], 30 teachers, sigma 2, order 10)
+    (16, [0] * 3 + [1.48454129e-04, 1.47826870e-02, 3.94153241e-02, 6.45775697e-02, 9.01543247e-02, 1.16054002e-01,
+                    1.42180452e-01, 1.42180452e-01, 1.48454129e-04, 1.47826870e-02, 3.94153241e-02, 6.45775697e-02,
+                    9.01543266e-02, 1.16054000e-01, 1.42180452e-01, 1.68302106e-01, 1.93127860e-01] + [0] * 10),
+    (2, [1.60212079e-01, 2.07021132e-01, 2.07021132e-01, 1.93127860e-01, 1.68302106e-01, 1.42180452e-01,
+         1.16054002e-01, 9.01543247e-02, 6.45775697e-02, 3.94153241e-02, 1.47826870e-02, 1.48454129e-04] + [0] * 18),
+    (50, [1.35750725752e-19, 1.88990500499e-17, 2.05403154065e-15, 1.74298153642e-13, 1.15489723995e-11,
+          5.97584949325e-10, 2.41486826748e-08, 7.62150641922e-07, 1.87846248741e-05, 0.000360973025976,
+          0.000360973025976, 2.76377015215e-50, 1.00904975276e-53, 2.87254164748e-57, 6.37583360761e-61,
+          1.10331620211e-64, 1.48844393335e-68, 1.56535552444e-72, 1.28328011060e-76, 8.20047697109e-81] + [0] * 10),
+]
+
+
+@pytest.mark.parametrize("threshold, ref", THRESHOLD_CASES)
+def test_threshold_local_sensitivity_matches_authors(threshold, ref):
+    out = pate_smooth.threshold_local_sensitivity_by_distance(votes=[20, 10, 0], num_teachers=30,
+                                                              threshold=threshold, sigma1=2.0, order=10.0)[0]
+    # The authors stop one distance short (d < max(v, n - v)); at d = 20 the maximum count 0 is
+    # still reachable, so we keep that entry (more conservative) and compare the first 20.
+    np.testing.assert_allclose(out[:20], ref[:20], rtol=1e-6, atol=1e-300)
+
+
+def test_conditions_c5_c6_as_the_authors_find_them():
+    assert pate_smooth.check_conditions(sigma=20.0, num_classes=10, order=25.0) == (True, False)
+    assert pate_smooth.check_conditions(sigma=30.0, num_classes=10, order=25.0) == (True, True)
+
+
+def test_gnss_rdp_closed_form():
+    beta, sigma, order = 0.02, 9.8, 24.0
+    expected = order * math.exp(2 * beta) / sigma**2 + (beta * order - 0.5 * math.log(1 - 2 * order * beta)) / (order - 1)
+    assert pate_smooth.gnss_rdp(beta=beta, sigma=sigma, order=order) == pytest.approx(expected, rel=1e-14)
+    assert expected == pytest.approx(0.3509394475419522, rel=1e-12)  # the authors' function
+    with pytest.raises(ValueError, match="1 / \\(2 beta\\)"):
+        pate_smooth.gnss_rdp(beta=0.05, sigma=1.0, order=10.0)
+
+
+def test_local_sensitivity_bounds_every_one_vote_change():
+    # |cost(v) - cost(v')| <= LS(v) at distance 0, for every neighbour v' (one vote moved).
+    rng = np.random.default_rng(0)
+    sigma, order = 40.0, 20.0
+    votes = np.vstack([synthetic_votes(rng, 40), [[250, 0, 0, 0, 0, 0, 0, 0, 0, 0], [125, 125, 0, 0, 0, 0, 0, 0, 0, 0]]])
+    ls0 = pate_smooth.gnmax_local_sensitivity_by_distance(votes=votes, num_teachers=250, sigma=sigma, order=order)[:, 0]
+    cost = pate.gnmax_rdp_data_dependent(votes=votes, sigma=sigma, orders=[order])[:, 0]
+    owner, neighbours = [], []
+    for i, v in enumerate(votes):
+        for src in np.flatnonzero(v):
+            for dst in range(len(v)):
+                if dst != src:
+                    w = v.copy()
+                    w[src] -= 1
+                    w[dst] += 1
+                    owner.append(i)
+                    neighbours.append(w)
+    other = pate.gnmax_rdp_data_dependent(votes=np.array(neighbours), sigma=sigma, orders=[order])[:, 0]
+    owner = np.array(owner)
+    assert np.all(np.abs(other - cost[owner]) <= ls0[owner] * (1 + 1e-9) + 1e-18)
+
+
+def test_smooth_sensitivity_is_beta_smooth_across_neighbouring_vote_sets():
+    # One teacher changes its vote in every query: SS(x) <= e^beta SS(x') [NRS07, Def. 2.1].
+    rng = np.random.default_rng(1)
+    votes = synthetic_votes(rng, 30)
+    order, beta = 20.0, 0.4 / 20.0
+    neighbour = votes.copy()
+    for row in neighbour:
+        src = rng.choice(np.flatnonzero(row))
+        dst = (src + 1 + rng.integers(len(row) - 1)) % len(row)
+        row[src] -= 1
+        row[dst] += 1
+    kw = dict(mechanism="gnmax", sigma=40.0, delta=1e-5, noise=0.0, order=order, beta=beta, sigma_ss=5.0)
+    a = pate_smooth.release_epsilon(votes=votes, **kw).smooth_sensitivity
+    b = pate_smooth.release_epsilon(votes=neighbour, **kw).smooth_sensitivity
+    assert a <= math.exp(beta) * b * (1 + 1e-9) and b <= math.exp(beta) * a * (1 + 1e-9)
+
+
+def test_release_matches_the_authors_parameter_search():
+    # smooth_sensitivity_table._find_optimal_smooth_sensitivity_parameters on these 120 queries,
+    # T = 200, sigma1 = 150, sigma2 = 40, 250 teachers, order 24 (expected costs, as the paper).
+    votes = synthetic_votes(np.random.default_rng(11), 120)
+    rel = pate_smooth.release_epsilon(votes=votes, mechanism="confident", threshold=200.0, sigma1=150.0,
+                                      sigma2=40.0, delta=1e-5, noise=0.0, order=24.0)
+    assert rel.beta == pytest.approx(0.01958333333333332, rel=1e-9)
+    assert rel.smooth_sensitivity == pytest.approx(0.016350309388600014, rel=1e-9)
+    assert rel.sigma_ss == pytest.approx(11.514145450454864, rel=1e-9)
+    assert rel.conditions_hold and rel.parameters_from_data
+    # With zero noise the released value is the exact cost plus the cost of releasing it.
+    exact = pate.pate_epsilon(votes=votes, mechanism="confident", threshold=200.0, sigma1=150.0, sigma2=40.0,
+                              delta=1e-5, orders=[24.0])
+    assert rel.rdp_data_dependent == pytest.approx(exact.rdp[0], rel=1e-12)
+    assert rel.epsilon_released > rel.epsilon_data_dependent_at_order
+
+
+def test_smooth_sensitivity_is_the_discounted_maximum():
+    # max_d e^(-beta d) A(d) with e^-beta = 1/2: max(0.5, 1.0 / 2, 4.0 / 4) = 1.
+    assert pate_smooth.smooth_sensitivity(local_sensitivity=[0.5, 1.0, 4.0], beta=math.log(2)) == pytest.approx(1.0)
+    assert pate_smooth.smooth_sensitivity(local_sensitivity=[0.5, 1.0, 4.0], beta=0.0) == 4.0
+
+
+def test_no_consensus_costs_the_data_independent_bound():
+    # 10 teachers under sigma = 40: no histogram beats alpha / sigma^2.
+    votes = np.array([[10, 0, 0], [6, 4, 0], [3, 3, 4]])
+    rel = pate_smooth.release_epsilon(votes=votes, mechanism="gnmax", sigma=40.0, delta=1e-5, noise=0.0, order=8.0)
+    assert rel.rdp_data_dependent == pytest.approx(3 * 8.0 / 1600.0, rel=1e-12)
+
+
+def test_released_value_moves_with_the_noise_draw():
+    votes = synthetic_votes(np.random.default_rng(2), 60)
+    kw = dict(votes=votes, mechanism="gnmax", sigma=40.0, delta=1e-5)
+    low = pate_smooth.release_epsilon(noise=-1.0, **kw)
+    high = pate_smooth.release_epsilon(noise=1.0, **kw)
+    assert low.rdp_released < low.rdp_data_dependent < high.rdp_released
+    assert high.rdp_released - low.rdp_released == pytest.approx(2 * high.smooth_sensitivity * high.sigma_ss)
+    with pytest.raises(ValueError, match="gnmax"):
+        pate_smooth.release_epsilon(noise=0.0, votes=votes, mechanism="lnmax", delta=1e-5)
