@@ -64,6 +64,8 @@ def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
         f"outcome of training changes by at most a factor of e^{eps:.4g} (about {_exp(eps)}x), except with "
         f"probability {delta:.3g}. Mechanism: {name}; epsilon computed by the '{accountant}' accountant."
     )
+    if mechanism == "pate":
+        statement += pate_statement(run, delta)
     return {
         "mechanism": mechanism,
         "epsilon": eps,
@@ -74,7 +76,25 @@ def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
         "unit_of_privacy": UNIT_OF_PRIVACY,
         "neighbouring_relation": NEIGHBOURING,
         "statement": statement,
+        **({"epsilon_kind": "data-dependent (not itself private)",
+            "epsilon_released": (run.get("summary") or {}).get("epsilon_released"),
+            "epsilon_data_independent": (run.get("summary") or {}).get("epsilon_data_independent")}
+           if mechanism == "pate" else {}),
     }
+
+
+def pate_statement(run: dict[str, Any], delta: float) -> str:
+    """What PATE's three epsilons mean, in words (appended to the guarantee)."""
+    summary = run.get("summary") or {}
+    released, independent = summary.get("epsilon_released"), summary.get("epsilon_data_independent")
+    text = (" This epsilon is PATE's data-dependent bound: it depends on the private teacher votes, so the "
+            "number itself is not safe to publish.")
+    if released is not None:
+        text += (f" The value safe to state publicly is the smooth-sensitivity release, epsilon = {released:.4g} "
+                 f"(delta {delta:.3g}), which also pays for releasing the bound.")
+    if independent is not None:
+        text += (f" The worst-case (data-independent) bound for the same queries is epsilon = {independent:.4g}.")
+    return text
 
 
 def _exp(x: float) -> str:
@@ -198,20 +218,28 @@ def build_report(store: Store, run_ref: str | int, *, include_votes: bool = Fals
     return report
 
 
+AGGREGATOR_PARAMETERS = {
+    "lnmax": ("laplace_scale",),
+    "gnmax": ("gnmax_sigma",),
+    "confident": ("threshold", "sigma1", "sigma2"),
+}
+
+
 def pate_section(store: Store, run: dict[str, Any], summary: dict[str, Any], *, include_votes: bool) -> dict[str, Any]:
     config = run["config"]
-    pate = summary.get("pate") or {}
+    teacher_accuracy = summary.get("teacher_accuracy") or {}
     section = {
         "teachers": config.get("num_teachers"),
         "aggregator": config.get("aggregator"),
-        "aggregator_parameters": {k: config.get(k) for k in ("laplace_scale", "gnmax_sigma", "threshold", "sigma1",
-                                                             "sigma2") if config.get(k) is not None},
-        "queries_asked": pate.get("queries_asked"),
-        "queries_answered": pate.get("queries_answered"),
-        "epsilon_data_dependent": pate.get("epsilon_data_dependent"),
-        "epsilon_data_independent": pate.get("epsilon_data_independent"),
-        "epsilon_released": pate.get("epsilon_released"),
-        "teacher_accuracy_mean": pate.get("teacher_accuracy_mean"),
+        "aggregator_parameters": {k: config.get(k) for k in AGGREGATOR_PARAMETERS.get(config.get("aggregator"), ())},
+        "queries_asked": summary.get("queries"),
+        "queries_answered": summary.get("answered"),
+        "epsilon_data_dependent": summary.get("epsilon_data_dependent"),
+        "epsilon_data_independent": summary.get("epsilon_data_independent"),
+        "epsilon_released": summary.get("epsilon_released"),
+        "smooth_sensitivity_release": summary.get("release"),
+        "teacher_accuracy_mean": teacher_accuracy.get("mean"),
+        "label_accuracy": summary.get("label_accuracy"),
         "semi_supervised": config.get("semi_supervised"),
     }
     if include_votes:
