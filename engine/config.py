@@ -24,6 +24,7 @@ SCHEMA_VERSION = 1
 MECHANISMS = ("dpsgd", "pate", "none")
 PATE_AGGREGATORS = ("confident", "gnmax", "lnmax")
 OPTIMIZERS = ("sgd", "momentum", "adam")
+LR_SCHEDULES = ("constant", "cosine")
 DEVICES = ("auto", "cpu", "cuda")
 ACCOUNTANT_CHOICES = ("pld", "rdp")
 
@@ -251,6 +252,12 @@ class RunConfig:
     momentum: float = _spec(
         0.9, label="Momentum", help="Momentum of the 'momentum' optimizer.", kind=float,
         minimum=0.0, maximum=1.0, exclusive_maximum=True, group="training",
+    )
+    lr_schedule: str = _spec(
+        "constant", label="Learning-rate schedule",
+        help="constant, or cosine: decay from the learning rate to zero over the steps the run will take "
+        "(averages out the DP noise late in training).", kind=str, choices=LR_SCHEDULES,
+        mechanisms=("dpsgd", "none"), group="training",
     )
     evaluations_per_epoch: int = _spec(
         1, label="Evaluations per epoch", help="How often test accuracy is measured.", kind=int,

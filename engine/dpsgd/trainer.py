@@ -103,6 +103,13 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def learning_rate_at(config: RunConfig, step: int, total_steps: int) -> float:
+    """The learning rate for step `step` (0-based) of `total_steps`: constant, or cosine-decayed to 0."""
+    if config.lr_schedule == "cosine" and total_steps > 0:
+        return config.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
+    return config.learning_rate
+
+
 def make_optimizer(config: RunConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
     if config.optimizer == "sgd":
         return torch.optim.SGD(params, lr=config.learning_rate)
@@ -270,6 +277,9 @@ def train(
             if shuffled is None or offset < config.expected_batch_size:
                 shuffled = torch.randperm(n, generator=sampler_gen, device=device)
             idx = shuffled[offset : offset + config.expected_batch_size]
+        if config.lr_schedule != "constant":
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate_at(config, step, min(total, plan.steps_allowed))
         loss_sum = step_fn(x_train[idx], y_train[idx])
         batch_size = int(idx.numel())
         if not math.isfinite(loss_sum):

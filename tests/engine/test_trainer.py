@@ -46,3 +46,33 @@ def test_dpsgd_on_digits_learns():
     result, losses, _, _ = run_losses(**{**BASE, "epochs": 8})
     assert result.test_accuracy > 0.7
     assert result.epsilon.accountant == "pld"
+
+
+def test_cosine_schedule_decays_from_the_learning_rate_to_zero():
+    from engine.dpsgd.trainer import learning_rate_at
+
+    config = RunConfig(**BASE, lr_schedule="cosine")
+    rates = [learning_rate_at(config, step, 100) for step in range(101)]
+    assert rates[0] == 0.5 and abs(rates[50] - 0.25) < 1e-12 and abs(rates[100]) < 1e-12
+    assert all(a >= b for a, b in zip(rates, rates[1:]))
+    assert learning_rate_at(RunConfig(**BASE), 70, 100) == 0.5
+
+
+def test_cosine_schedule_reaches_the_optimizer():
+    # With the rate decayed to nearly zero, the last step barely moves the weights; a constant
+    # rate moves them by a full step.
+    def last_step_change(schedule):
+        config = RunConfig(**{**BASE, "epochs": 1}, lr_schedule=schedule)
+        prepared = prepare(config)
+        before = {}
+
+        def remember(t, **p):
+            if t == "metric" and p["name"] == "train_loss" and p["step"] == prepared.plan.steps_planned - 1:
+                before.update({n: w.detach().clone() for n, w in prepared.model.named_parameters()})
+
+        from engine.dpsgd.trainer import train
+
+        train(prepared.model, prepared.data, config, prepared.plan, device=torch.device("cpu"), emit=remember)
+        return sum(float((w.detach() - before[n]).norm()) for n, w in prepared.model.named_parameters())
+
+    assert last_step_change("cosine") < 0.05 * last_step_change("constant")
