@@ -1,0 +1,227 @@
+"""Workbench window benchmark: launch time, event-loop stalls while a run streams, pan frame time.
+
+    python tests/bench/bench_gui.py                  # offscreen unless $DISPLAY is set
+    python tests/bench/bench_gui.py --epochs 40      # a longer streaming run
+
+Prints a table. The streaming run is a real DP-SGD run (built-in digits, no files needed) with a
+small batch, so the runner emits hundreds of events a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+CHILD_FLAG = "--launch-child"
+
+
+def launch_child(db: str) -> None:
+    """Child process: build and show the window, print when it has been painted once."""
+    from workbench.app import create_app
+    from workbench.main_window import MainWindow
+
+    app = create_app()
+    window = MainWindow(db)
+    window.show()
+    window.repaint()
+    app.processEvents()
+    print(f"shown {time.time():.6f}", flush=True)
+    window.close()
+
+
+def bench_launch(folder: Path, repeats: int = 3) -> list[float]:
+    """Wall time from starting `python` to the window shown (interpreter start and imports included)."""
+    times = []
+    env = dict(os.environ, XDG_CONFIG_HOME=str(folder / "config"))
+    for _ in range(repeats):
+        t0 = time.time()
+        out = subprocess.run([sys.executable, __file__, CHILD_FLAG, str(folder / "launch.sqlite")],
+                             capture_output=True, text=True, env=env, timeout=120)
+        line = next((l for l in out.stdout.splitlines() if l.startswith("shown ")), None)
+        if line is None:
+            raise RuntimeError(f"the window did not come up: {out.stderr[-2000:]}")
+        times.append(float(line.split()[1]) - t0)
+    return times
+
+
+def bench_stream(folder: Path, epochs: int, runner_threads: int | None = None) -> dict[str, float]:
+    """Longest lateness of a 5 ms timer while a real run streams into the dashboard."""
+    from PySide6.QtCore import QElapsedTimer, QTimer
+
+    from workbench.app import create_app
+    from workbench.main_window import MainWindow
+    from workbench.settings import use_folder
+
+    use_folder(folder / "settings")
+    app = create_app()
+    window = MainWindow(folder / "stream.sqlite", probe=False)
+    if runner_threads:
+        window.client.environment["OMP_NUM_THREADS"] = str(runner_threads)
+    window.resize(1500, 950)
+    window.show()
+    form = window.form
+    for name, value in dict(name="bench-stream", dataset="digits", mechanism="dpsgd", noise_multiplier="1.0",
+                            target_epsilon="", expected_batch_size="16", epochs=str(epochs), learning_rate="0.2",
+                            delta="1e-4", evaluations_per_epoch="4").items():
+        form.set_value(name, value)
+    assert form.valid, form.summary.text()
+    run_id = window.start_run(form.config())
+    data = window.run_data[run_id]
+
+    clock = QElapsedTimer()
+    clock.start()
+    last = [clock.elapsed()]
+    lateness: list[int] = []
+    streaming = [False]
+
+    def tick() -> None:
+        now = clock.elapsed()
+        if streaming[0]:
+            lateness.append(now - last[0] - 5)
+        last[0] = now
+
+    timer = QTimer()
+    timer.setInterval(5)
+    timer.timeout.connect(tick)
+    timer.start()
+    events_at_start = 0
+    t_stream = None
+    deadline = time.monotonic() + 600
+    while not data.finished and time.monotonic() < deadline:
+        app.processEvents()
+        if not streaming[0] and len(data.metrics.get("train_loss", ())) > 0:
+            streaming[0] = True
+            t_stream = time.monotonic()
+            events_at_start = data.version
+        time.sleep(0.001)
+    seconds = time.monotonic() - (t_stream or time.monotonic())
+    timer.stop()
+    events = data.version - events_at_start
+    window.close()
+    lateness.sort()
+    return {
+        "events": events,
+        "seconds": seconds,
+        "events_per_second": events / max(seconds, 1e-9),
+        "max_stall_ms": float(max(lateness)) if lateness else float("nan"),
+        "p99_stall_ms": float(lateness[int(0.99 * (len(lateness) - 1))]) if lateness else float("nan"),
+        "status": data.status,
+    }
+
+
+def bench_idle(seconds: float = 5.0) -> float:
+    """Longest lateness of the same 5 ms timer with the window open and nothing running: the floor
+    set by the machine (other processes, the scheduler), not by the window."""
+    from PySide6.QtCore import QElapsedTimer, QTimer
+
+    from workbench.app import create_app
+    from workbench.main_window import MainWindow
+
+    app = create_app()
+    folder = Path(tempfile.mkdtemp(prefix="dpw-bench-idle-"))
+    window = MainWindow(folder / "idle.sqlite", probe=False)
+    window.resize(1500, 950)
+    window.show()
+    clock = QElapsedTimer()
+    clock.start()
+    last = [clock.elapsed()]
+    lateness: list[int] = []
+
+    def tick() -> None:
+        now = clock.elapsed()
+        lateness.append(now - last[0] - 5)
+        last[0] = now
+
+    timer = QTimer()
+    timer.setInterval(5)
+    timer.timeout.connect(tick)
+    timer.start()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        app.processEvents()
+        time.sleep(0.001)
+    timer.stop()
+    window.close()
+    return float(max(lateness[1:])) if len(lateness) > 1 else float("nan")
+
+
+def bench_pan(points: int = 100_000, frames: int = 200) -> dict[str, float]:
+    """ms per frame while panning a curve of `points` points (setXRange + repaint)."""
+    import numpy as np
+    from PySide6.QtWidgets import QApplication
+
+    from workbench.app import create_app
+    from workbench.plots import Plot, set_curve
+
+    app = create_app()
+    plot = Plot("pan", "step", "loss")
+    plot.resize(1200, 700)
+    plot.show()
+    x = np.arange(points, dtype=float)
+    y = np.exp(-x / 30_000) + 0.05 * np.random.default_rng(0).standard_normal(points)
+    set_curve(plot.curve("train loss", 0), x, y)
+    app.processEvents()
+    results = {}
+    for label, width in (("full view", points), ("10% window", points // 10)):
+        plot.setXRange(0, width, padding=0)
+        plot.repaint()
+        app.processEvents()
+        step = (points - width) / frames if width < points else points / frames / 10
+        t0 = time.perf_counter()
+        for i in range(frames):
+            lo = (i * step) % max(points - width, 1) if width < points else -i * step
+            plot.setXRange(lo, lo + width, padding=0)
+            plot.repaint()
+            QApplication.processEvents()
+        results[label] = (time.perf_counter() - t0) / frames * 1000
+    plot.close()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=20, help="epochs of the streaming run (digits, batch 16)")
+    parser.add_argument("--runner-threads", type=int, default=None,
+                        help="OMP_NUM_THREADS of the runner (default: torch's choice, all cores)")
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="dpw-bench-gui-"))
+    platform = os.environ.get("QT_QPA_PLATFORM") or "xcb/wayland"
+    launch = bench_launch(folder)
+    stream = bench_stream(folder, args.epochs, args.runner_threads)
+    pan = bench_pan()
+    idle = bench_idle()
+    rows = [
+        ("launch to window shown (median of 3)", f"{sorted(launch)[1] * 1000:.0f} ms",
+         "new python process, imports included"),
+        ("streaming run", f"{stream['events']:,} events in {stream['seconds']:.1f} s",
+         f"{stream['events_per_second']:.0f} events/s, status {stream['status']}"),
+        ("longest event-loop stall while streaming", f"{stream['max_stall_ms']:.0f} ms",
+         f"5 ms timer lateness; p99 {stream['p99_stall_ms']:.0f} ms; target < 50 ms"),
+        ("longest stall, window idle (machine floor)", f"{idle:.0f} ms", "same timer, no run"),
+    ]
+    for label, ms in pan.items():
+        rows.append((f"pan 100,000-point curve, {label}", f"{ms:.1f} ms/frame", "setXRange + repaint, 1200x700"))
+    width = max(len(r[0]) for r in rows)
+    print(f"platform: {platform}; python {sys.version.split()[0]}; {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f}; runner threads: {args.runner_threads or 'default'}")
+    print(f"{'measure':{width}}  {'value':>28}  notes")
+    for label, value, note in rows:
+        print(f"{label:{width}}  {value:>28}  {note}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == CHILD_FLAG:
+        launch_child(sys.argv[2])
+    else:
+        main()

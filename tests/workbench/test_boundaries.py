@@ -1,0 +1,50 @@
+"""The window never trains or imports torch itself; its model layer works without Qt."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=120, env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"})
+
+
+def test_the_window_process_does_not_import_torch(tmp_path):
+    out = run_python(f"""
+        import sys
+        from workbench.settings import use_folder
+        use_folder({str(tmp_path)!r})
+        from workbench.app import create_app
+        from workbench.main_window import MainWindow
+        app = create_app()
+        w = MainWindow({str(tmp_path / 'runs.sqlite')!r}, probe=False)
+        w.show(); app.processEvents()
+        w.form.set_value("noise_multiplier", "1.1")
+        print("torch" in sys.modules)
+        w.close()
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_form_state_and_run_data_need_no_qt():
+    out = run_python("""
+        import sys
+        import workbench.form_state, workbench.run_data
+        print(any(name.startswith("PySide6") for name in sys.modules))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_status_bar_names_the_engine_device(window, qtbot):
+    window.probe.start()
+    qtbot.waitUntil(lambda: window.probe.result is not None, timeout=60000)
+    expected = window.probe.result["device"]
+    assert window.device_label.text().startswith(f"Engine device: {expected}")
+    # the dataset list comes from the engine's registry
+    combo = window.form.fields["dataset"].editor
+    assert "breast-cancer" in [combo.itemText(i) for i in range(combo.count())]

@@ -1,0 +1,34 @@
+"""Menus and keyboard shortcuts of the main window."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QMenu
+
+
+def test_shortcuts_are_in_the_menus_and_work(window, qtbot):
+    menus = {a.text().replace("&", ""): a for m in window.menuBar().findChildren(QMenu) for a in m.actions()}
+    expected = {"Start run": "Ctrl+Return", "Stop run": "Ctrl+.", "Compare selected runs": "Ctrl+K",
+                "New run": "Ctrl+N"}
+    for text, shortcut in expected.items():
+        assert menus[text].shortcut().toString() == shortcut
+    started = []
+    window.form.start_requested.disconnect()
+    window.form.start_requested.connect(started.append)
+    window.form.set_value("noise_multiplier", "1.1")
+    editor = window.form.fields["name"].editor
+    editor.setFocus()
+    QTest.keyClick(editor, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
+    assert len(started) == 1 and started[0].noise_multiplier == 1.1
+    QTest.keyClick(window.runs_view, Qt.Key.Key_K, Qt.KeyboardModifier.ControlModifier)
+    assert window.tabs.currentWidget() is window.compare
+    QTest.keyClick(window.runs_view, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    assert window.tabs.currentWidget() is window.form
+
+
+def test_start_is_disabled_in_the_menu_while_the_form_is_invalid(window):
+    window.form.set_value("noise_multiplier", "1.1")
+    assert window.act_start.isEnabled()
+    window.form.set_value("delta", "2")
+    assert not window.act_start.isEnabled()

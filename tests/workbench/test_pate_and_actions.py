@@ -1,0 +1,112 @@
+"""A real PATE run through the window: its dashboard, its votes, and the run actions
+(export refused for teachers, student exported, report previewed and saved)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.store import Store
+
+RUN_TIMEOUT_MS = 120_000
+
+PATE_DIGITS = dict(name="pate-digits", dataset="digits", mechanism="pate", num_teachers=6, teacher_model="mlp",
+                   model="mlp", teacher_epochs=3, teacher_batch_size=16, optimizer="adam", learning_rate=0.01,
+                   aggregator="confident", threshold=4.0, sigma1=1.5, sigma2=1.0, num_queries=120,
+                   public_pool_size=250, delta=1e-4, student_epochs=3, student_batch_size=16, epsilon_budget="")
+
+
+@pytest.fixture(scope="module")
+def pate_window_and_run(qapp, tmp_path_factory, mnist_dir):
+    """One window with one finished PATE run on digits, shared by the tests of this module."""
+    import os
+
+    from pytestqt.qtbot import QtBot
+
+    from workbench.main_window import MainWindow
+    from workbench.settings import use_folder
+
+    os.environ.setdefault("DPW_DATA_DIR", str(mnist_dir.parent))
+    folder = tmp_path_factory.mktemp("pate")
+    use_folder(folder / "settings")
+    window = MainWindow(folder / "runs.sqlite", probe=False)
+    window.show()
+    for name, value in PATE_DIGITS.items():
+        window.form.set_value(name, str(value))
+    assert window.form.valid, window.form.summary.text()
+    run_id = window.start_run(window.form.config())
+    bot = QtBot(None)
+    bot.waitUntil(lambda: window.run_data[run_id].finished, timeout=RUN_TIMEOUT_MS)
+    yield window, run_id
+    window.client.shutdown()
+    window.close()
+
+
+def test_pate_dashboard_shows_teachers_queries_and_privacy(pate_window_and_run, qtbot):
+    window, run_id = pate_window_and_run
+    data = window.run_data[run_id]
+    assert data.status == "finished", [m.text for m in data.messages]
+    assert len(data.metrics["teacher_accuracy"]) == 6
+    assert data.answered_total + data.rejected_total == 120
+    assert {"pate-dd", "pate-di", "pate-released"} <= set(data.privacy)
+    window.select_run(run_id)
+    assert window.dashboard.pages.currentWidget() is window.dashboard.pate_page
+    curve = window.dashboard.pate_curves["answered"]
+    qtbot.waitUntil(lambda: curve.xData is not None and len(curve.xData) == len(data.answered), timeout=5000)
+    assert "pate-dd" in window.dashboard.budget_label.text()
+
+
+def test_votes_view_reads_histograms_from_the_store(pate_window_and_run, qtbot):
+    window, run_id = pate_window_and_run
+    window.select_run(run_id)
+    window.act_votes.trigger()
+    view = window.votes
+    assert len(view.rows) == 120
+    view.query.setValue(5)
+    row = Store(window.store.path).votes(run_id, start=5, limit=1)[0]
+    assert list(view.bars.opts["height"]) == row["histogram"]
+    assert "Query 5" in view.query_info.text()
+    assert view.query.maximum() == 119
+
+
+def test_teacher_export_is_refused_with_the_engines_reason(pate_window_and_run, qtbot, tmp_path):
+    window, run_id = pate_window_and_run
+    window.select_run(run_id)
+    dialog = window.export_run()
+    dialog.kind.setCurrentIndex(dialog.kind.findData("teacher"))
+    dialog.folder.setText(str(tmp_path / "teachers"))
+    dialog.export()
+    qtbot.waitUntil(lambda: dialog.outcome is not None, timeout=30000)
+    assert dialog.outcome == "error"
+    assert "teachers saw raw private data" in dialog.result_label.text()
+    dialog.close()
+
+
+def test_student_export_writes_the_model_files(pate_window_and_run, qtbot, tmp_path):
+    window, run_id = pate_window_and_run
+    window.select_run(run_id)
+    dialog = window.export_run()
+    assert dialog.kind.currentData() == "model"
+    out = tmp_path / "student"
+    dialog.folder.setText(str(out))
+    dialog.export()
+    qtbot.waitUntil(lambda: dialog.outcome is not None, timeout=90000)
+    assert dialog.outcome == "ok", dialog.result_label.text()
+    assert (out / "model.safetensors").is_file()
+    card = json.loads((out / "model_card.json").read_text())
+    assert card["mechanism"] == "pate"
+    dialog.close()
+
+
+def test_report_preview_and_save(pate_window_and_run, qtbot, tmp_path):
+    window, run_id = pate_window_and_run
+    window.select_run(run_id)
+    dialog = window.report_run()
+    qtbot.waitUntil(lambda: dialog.report is not None, timeout=60000)
+    assert "Privacy report" in dialog.browser.toPlainText()
+    saved = dialog.save(tmp_path / "report.json")
+    assert json.loads(saved.read_text())["run"]["id"] == run_id
+    assert "<html" in dialog.save(tmp_path / "report.html").read_text().lower()
+    assert dialog.save(tmp_path / "pdf" / "report.pdf").read_bytes().startswith(b"%PDF")
+    dialog.close()

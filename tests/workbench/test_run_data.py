@@ -1,0 +1,52 @@
+"""The window's Qt-free model of a run: events in, curves out."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from workbench.run_data import RunData, Series
+from workbench.votes_view import consensus, running_mean
+
+
+def test_series_grows_past_its_capacity():
+    s = Series()
+    for i in range(1000):
+        s.append(i, 2 * i)
+    s.extend(np.arange(1000, 1500), np.arange(1000, 1500) * 2)
+    assert len(s) == 1500 and s.x[-1] == 1499 and s.y[-1] == 2998
+
+
+def test_events_become_curves_progress_and_messages():
+    data = RunData(run_id=1)
+    data.apply({"type": "started", "name": "a", "mechanism": "dpsgd", "config": {"accountant": "pld"}})
+    data.apply({"type": "plan", "epsilon_budget": 3.0, "accountant": "pld"})
+    data.apply({"type": "progress", "phase": "training", "done": 0, "total": 10})
+    for step in range(1, 6):
+        data.apply({"type": "metric", "step": step, "name": "train_loss", "value": 1.0 / step})
+        data.apply({"type": "privacy", "step": step, "epsilon": 0.1 * step, "accountant": "rdp"})
+    data.apply({"type": "privacy", "step": 5, "epsilon": 0.3, "accountant": "pld"})
+    data.apply({"type": "progress", "phase": "training", "done": 5, "total": 10})
+    data.apply({"type": "warning", "message": "careful"})
+    assert list(data.metrics["train_loss"].x) == [1, 2, 3, 4, 5]
+    assert data.epsilon_series()[0] == "pld"
+    assert data.budget == 3.0
+    assert (data.done, data.total, data.status) == (5, 10, "running")
+    assert data.seconds_left() is not None
+    data.apply({"type": "error", "message": "boom", "where": "training", "hint": "do this"})
+    data.apply({"type": "finished", "status": "failed", "summary": {}})
+    assert data.finished and data.status == "failed"
+    assert data.messages[-1].text == "boom (while training)" and data.messages[-1].hint == "do this"
+
+
+def test_vote_batches_count_answered_and_rejected():
+    data = RunData(run_id=1)
+    data.apply({"type": "vote_batch", "first_query": 0, "count": 100, "answered": 60, "rejected": 40})
+    data.apply({"type": "vote_batch", "first_query": 100, "count": 50, "answered": 20, "rejected": 30})
+    assert list(data.answered.x) == [100, 150] and list(data.answered.y) == [60, 80]
+    assert list(data.rejected.y) == [40, 70]
+
+
+def test_consensus_is_the_top_vote_share():
+    votes = np.array([[8, 1, 1], [4, 3, 3]])
+    assert list(consensus(votes)) == [0.8, 0.4]
+    assert list(running_mean(np.array([1.0, 3.0, 5.0]), 2)) == [1.0, 2.0, 4.0]

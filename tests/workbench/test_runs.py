@@ -1,0 +1,193 @@
+"""Real runs through the window: start, follow, stop, a killed runner, reopening the store."""
+
+from __future__ import annotations
+
+from engine.store import Store
+from workbench.main_window import MainWindow
+from workbench.runs_model import COLUMNS
+
+RUN_TIMEOUT_MS = 120_000
+STATUS_COLUMN = [key for key, _ in COLUMNS].index("status")
+
+
+def fill(window: MainWindow, **values) -> None:
+    form = window.form
+    for name, value in values.items():
+        form.set_value(name, str(value))
+
+
+def quick_digits(window: MainWindow, name: str, epochs: int = 2) -> None:
+    fill(window, name=name, dataset="digits", mechanism="dpsgd", noise_multiplier=1.0, target_epsilon="",
+         expected_batch_size=64, epochs=epochs, learning_rate=0.5, delta=1e-4, evaluations_per_epoch=2)
+
+
+def list_status(window: MainWindow, run_id: int) -> str:
+    row = window.runs_model.row_of(run_id)
+    return window.runs_model.index(row, STATUS_COLUMN).data()
+
+
+def start(window: MainWindow, qtbot) -> int:
+    assert window.form.start_button.isEnabled(), window.form.summary.text()
+    before = set(window.run_data)
+    window.act_start.trigger()
+    (run_id,) = set(window.run_data) - before
+    return run_id
+
+
+def test_a_real_run_streams_curves_and_finishes(window, qtbot, db_path):
+    quick_digits(window, "digits-quick")
+    run_id = start(window, qtbot)
+    assert window.tabs.currentWidget() is window.dashboard
+    qtbot.waitUntil(lambda: window.run_data[run_id].finished, timeout=RUN_TIMEOUT_MS)
+    data = window.run_data[run_id]
+    assert data.status == "finished", [m.text for m in data.messages]
+    assert len(data.metrics["train_loss"]) > 10
+    assert len(data.metrics["test_accuracy"]) >= 2
+    assert len(data.privacy["rdp"]) > 10
+    # the dashboard drew them (10 Hz timer)
+    qtbot.waitUntil(lambda: window.dashboard.curves["train_loss"].xData is not None
+                    and len(window.dashboard.curves["train_loss"].xData) == len(data.metrics["train_loss"]),
+                    timeout=5000)
+    assert window.dashboard.budget_label.text().startswith("ε ")
+    assert "pld" in window.dashboard.budget_label.text()
+    qtbot.waitUntil(lambda: list_status(window, run_id) == "finished", timeout=10000)
+    assert Store(db_path).get_run(run_id)["status"] == "finished"
+
+
+def test_stop_mid_run_leaves_a_stopped_run(window, qtbot, db_path):
+    quick_digits(window, "digits-long", epochs=400)
+    run_id = start(window, qtbot)
+    qtbot.waitUntil(lambda: len(window.run_data[run_id].metrics.get("train_loss", ())) > 5, timeout=RUN_TIMEOUT_MS)
+    window.select_run(run_id)
+    window.act_stop.trigger()
+    qtbot.waitUntil(lambda: not window.client.is_active(run_id), timeout=RUN_TIMEOUT_MS)
+    assert Store(db_path).get_run(run_id)["status"] == "stopped"
+    qtbot.waitUntil(lambda: list_status(window, run_id) == "stopped", timeout=10000)
+
+
+def test_a_killed_runner_is_reported_and_the_window_keeps_working(window, qtbot, db_path):
+    quick_digits(window, "digits-killed", epochs=400)
+    run_id = start(window, qtbot)
+    qtbot.waitUntil(lambda: len(window.run_data[run_id].metrics.get("train_loss", ())) > 5, timeout=RUN_TIMEOUT_MS)
+    window.client.kill(run_id)
+    qtbot.waitUntil(lambda: not window.client.is_active(run_id), timeout=30000)
+    row = Store(db_path).get_run(run_id)
+    assert row["status"] == "failed"
+    assert "killed" in row["error"]
+    data = window.run_data[run_id]
+    assert data.status == "failed"
+    assert any(m.level == "error" for m in data.messages)
+    assert "failed" in window.statusBar().currentMessage()
+    window.select_run(run_id)
+    qtbot.waitUntil(lambda: window.dashboard.messages.isVisibleTo(window.dashboard), timeout=5000)
+    assert "killed" in window.dashboard.messages.label.text()
+    # everything up to the kill is kept and shown
+    assert len(data.metrics["train_loss"]) > 5
+    # the window still works: another run starts and finishes
+    quick_digits(window, "digits-after", epochs=1)
+    second = start(window, qtbot)
+    qtbot.waitUntil(lambda: window.run_data[second].finished, timeout=RUN_TIMEOUT_MS)
+    assert window.run_data[second].status == "finished"
+
+
+def test_engine_error_is_shown_with_its_hint(window, qtbot, db_path, tmp_path):
+    missing = tmp_path / "nowhere.csv"
+    fill(window, name="bad-file", dataset=str(missing), mechanism="dpsgd", noise_multiplier=1.0, target_epsilon="")
+    run_id = start(window, qtbot)
+    qtbot.waitUntil(lambda: window.run_data[run_id].finished, timeout=RUN_TIMEOUT_MS)
+    data = window.run_data[run_id]
+    assert data.status == "failed"
+    assert "file not found" in data.messages[-1].text
+    assert Store(db_path).get_run(run_id)["status"] == "failed"
+    assert "file not found" in window.statusBar().currentMessage()
+
+
+def test_reopening_shows_past_runs_with_their_curves(window, qtbot, db_path):
+    quick_digits(window, "digits-replay", epochs=1)
+    run_id = start(window, qtbot)
+    qtbot.waitUntil(lambda: window.run_data[run_id].finished, timeout=RUN_TIMEOUT_MS)
+    live = window.run_data[run_id]
+    window.close()
+
+    again = MainWindow(db_path, probe=False)
+    qtbot.addWidget(again)
+    again.show()
+    assert again.runs_model.row_of(run_id) is not None
+    assert list_status(again, run_id) == "finished"
+    again.select_run(run_id)
+    replay = again.dashboard.data
+    assert replay is not None and replay.run_id == run_id and replay.status == "finished"
+    for name in ("train_loss", "test_accuracy"):
+        assert list(replay.metrics[name].y) == list(live.metrics[name].y)
+    assert list(replay.privacy["rdp"].y) == list(live.privacy["rdp"].y)
+    again.dashboard.refresh()
+    assert len(again.dashboard.curves["train_loss"].xData) == len(live.metrics["train_loss"])
+    # the form came back as it was left
+    assert again.form.texts()["name"] == "digits-replay"
+    # compare two runs side by side
+    quick_digits(again, "digits-replay-2", epochs=1)
+    again.form.set_value("noise_multiplier", "2.0")
+    second = start(again, qtbot)
+    qtbot.waitUntil(lambda: again.run_data[second].finished, timeout=RUN_TIMEOUT_MS)
+    again.select_runs([run_id, second])
+    again.act_compare.trigger()
+    assert again.tabs.currentWidget() is again.compare
+    assert again.compare.run_ids == sorted([run_id, second], reverse=True) or set(again.compare.run_ids) == {run_id, second}
+    assert "noise_multiplier" in again.compare.differing
+    again.client.shutdown()
+
+
+def test_layout_and_last_config_are_remembered(window, qtbot, db_path):
+    window.resize(700, 500)
+    window.form.set_value("name", "remember-me")
+    window.form.set_value("mechanism", "pate")
+    window.tabs.setCurrentWidget(window.compare)
+    window.close()
+    again = MainWindow(db_path, probe=False)
+    qtbot.addWidget(again)
+    again.show()
+    assert (again.size().width(), again.size().height()) == (700, 500)
+    assert again.tabs.currentWidget() is again.compare
+    assert again.form.texts()["name"] == "remember-me"
+    assert again.form.fields["num_teachers"].widget.isVisibleTo(again.form)
+
+
+def test_a_run_started_elsewhere_is_followed_from_the_store(window, qtbot, db_path):
+    import signal
+    import subprocess
+    import sys
+
+    from engine.config import RunConfig
+
+    store = Store(db_path)
+    config = RunConfig(name="from-cli", dataset="digits", mechanism="dpsgd", noise_multiplier=1.0,
+                       expected_batch_size=64, epochs=400, learning_rate=0.5, delta=1e-4)
+    run_id = store.create_run(config)
+    proc = subprocess.Popen([sys.executable, "-m", "engine.runner", str(run_id), "--db", str(db_path)],
+                            stdout=subprocess.DEVNULL)
+    try:
+        qtbot.waitUntil(lambda: store.get_run(run_id)["status"] == "running", timeout=RUN_TIMEOUT_MS)
+        window.refresh_runs()
+        window.select_run(run_id)
+        qtbot.waitUntil(lambda: window.dashboard.data is not None and window.dashboard.data.run_id == run_id
+                        and len(window.dashboard.data.metrics.get("train_loss", ())) > 20, timeout=RUN_TIMEOUT_MS)
+        first = len(window.dashboard.data.metrics["train_loss"])
+        qtbot.waitUntil(lambda: len(window.dashboard.data.metrics["train_loss"]) > first, timeout=30000)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    qtbot.waitUntil(lambda: window.dashboard.data.status == "stopped", timeout=10000)
+
+
+def test_runs_wait_in_a_queue_one_at_a_time(window, qtbot, db_path):
+    quick_digits(window, "queued-a", epochs=1)
+    first = start(window, qtbot)
+    quick_digits(window, "queued-b", epochs=1)
+    second = start(window, qtbot)
+    assert second in window.client.queue and first in window.client.jobs
+    assert window.queue_label.text() == "1 running, 1 queued"
+    qtbot.waitUntil(lambda: window.run_data[second].finished, timeout=RUN_TIMEOUT_MS)
+    store = Store(db_path)
+    a, b = store.get_run(first), store.get_run(second)
+    assert a["status"] == b["status"] == "finished"
+    assert b["started"] >= a["finished"]

@@ -1,0 +1,73 @@
+"""`dpw gui`: the workbench window over a store file."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+APP_STARTED = time.monotonic()
+
+
+def qt_binding_problem() -> str | None:
+    """PySide6 6.12.0 miscounts references to None/True/False on Python < 3.12 (where they are not
+    immortal), which crashes any long-running window; say so instead of crashing later."""
+    import PySide6
+
+    if PySide6.__version__.startswith("6.12.0") and sys.version_info < (3, 12):
+        return (f"PySide6 {PySide6.__version__} on Python {sys.version.split()[0]} is known to crash "
+                "(reference-count bug); install PySide6 6.11 (pip install 'PySide6<6.12') or use Python 3.12+")
+    return None
+
+
+def create_app(argv: list[str] | None = None):
+    """The QApplication (created once), named so QSettings and the desktop file find it."""
+    from PySide6.QtGui import QIcon
+    from PySide6.QtWidgets import QApplication
+
+    from workbench.main_window import ICON_PATH
+    from workbench.settings import APPLICATION, ORGANIZATION
+
+    app = QApplication.instance()
+    if app is None:
+        app = QApplication(argv if argv is not None else sys.argv[:1])
+    app.setOrganizationName(ORGANIZATION)
+    app.setApplicationName(APPLICATION)
+    app.setApplicationDisplayName("DP Workbench")
+    app.setDesktopFileName("dp-workbench")
+    if ICON_PATH.is_file():
+        app.setWindowIcon(QIcon(str(ICON_PATH)))
+    return app
+
+
+def main(db_path: str | Path | None = None, argv: list[str] | None = None) -> int:
+    """Open the window over `db_path` (None: the default store); returns the exit code."""
+    from engine.errors import DPWError
+    from engine.store import default_db_path
+
+    problem = qt_binding_problem()
+    if problem:
+        print(f"warning: {problem}", file=sys.stderr)
+    app = create_app(argv)
+    from PySide6.QtWidgets import QMessageBox
+
+    from workbench.main_window import MainWindow
+
+    path = Path(db_path) if db_path is not None else default_db_path()
+    try:
+        window = MainWindow(path)
+    except DPWError as exc:
+        QMessageBox.critical(None, "DP Workbench", exc.message + (f"\n\n{exc.hint}" if exc.hint else ""))
+        return 1
+    window.show()
+    # Ctrl-C in the terminal (or SIGTERM) closes the window as the user would: runs are stopped
+    # after their current step and the layout is saved. Python sees the signal at the next timer tick.
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: window.close())
+    return app.exec()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else None))

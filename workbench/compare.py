@@ -1,0 +1,151 @@
+"""Compare runs: accuracy against epsilon, overlaid curves, configs side by side, and where
+every finished run landed (final accuracy vs final epsilon)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QBrush, QColor, QPalette
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QGridLayout,
+    QLabel,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from workbench.plots import Plot, colour, palette_colours, set_curve
+from workbench.run_data import RunData
+
+
+def accuracy_vs_epsilon(data: RunData, row: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(epsilon, test accuracy) at each evaluation: epsilon of the run's reported accountant at the
+    evaluation's step. PATE (accuracy of the student, epsilon of the queries): the final point."""
+    acc = data.metrics.get("test_accuracy")
+    if acc is None or not len(acc):
+        return np.empty(0), np.empty(0)
+    if data.mechanism == "pate":
+        eps = row.get("epsilon")
+        return (np.array([eps]), np.array([acc.last()])) if eps is not None else (np.empty(0), np.empty(0))
+    for name in (row.get("accountant"), (row.get("config") or {}).get("accountant"), "pld", "rdp"):
+        series = data.privacy.get(name) if name else None
+        if series is not None and len(series):
+            order = np.argsort(series.x, kind="stable")
+            eps = np.interp(acc.x, series.x[order], series.y[order])
+            return eps, acc.y
+    return np.empty(0), np.empty(0)
+
+
+def differing_keys(configs: list[dict[str, Any]]) -> set[str]:
+    keys = set().union(*configs) if configs else set()
+    return {k for k in keys if len({repr(c.get(k)) for c in configs}) > 1}
+
+
+class CompareView(QWidget):
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        layout = QVBoxLayout(self)
+        self.hint = QLabel("Select two or more runs in the runs list (Ctrl+click), then Compare (Ctrl+K).")
+        layout.addWidget(self.hint)
+        splitter = QSplitter(Qt.Orientation.Vertical)
+        layout.addWidget(splitter, 1)
+        plots = QWidget()
+        grid = QGridLayout(plots)
+        grid.setContentsMargins(0, 0, 0, 0)
+        self.tradeoff = Plot("Accuracy against privacy", "ε", "test accuracy", corner="bottom-right")
+        self.acc_steps = Plot("Test accuracy", "step", "accuracy", legend=False)
+        self.eps_steps = Plot("Privacy spent", "step", "ε", legend=False)
+        self.scatter_plot = Plot("All finished runs", "final ε", "final test accuracy", legend=False)
+        grid.addWidget(self.tradeoff, 0, 0, 2, 1)
+        grid.addWidget(self.acc_steps, 0, 1)
+        grid.addWidget(self.eps_steps, 1, 1)
+        grid.addWidget(self.scatter_plot, 0, 2, 2, 1)
+        grid.setColumnStretch(0, 3)
+        grid.setColumnStretch(1, 2)
+        grid.setColumnStretch(2, 2)
+        splitter.addWidget(plots)
+        self.table = QTableWidget()
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setAlternatingRowColors(False)
+        splitter.addWidget(self.table)
+        splitter.setSizes([500, 300])
+        self.splitter = splitter
+        self.run_ids: list[int] = []
+
+    def show_runs(self, runs: list[tuple[dict[str, Any], RunData]], all_rows: list[dict[str, Any]]) -> None:
+        """`runs`: the selected runs (store row, curves); `all_rows`: every run, for the scatter."""
+        self.run_ids = [row["id"] for row, _ in runs]
+        for plot in (self.tradeoff, self.acc_steps, self.eps_steps, self.scatter_plot):
+            plot.clear()
+            if plot.legend is not None:
+                plot.legend.clear()
+        for index, (row, data) in enumerate(runs):
+            label = f"{row['id']}: {row['name']}"
+            eps, acc = accuracy_vs_epsilon(data, row)
+            set_curve(self.tradeoff.curve(label, index, symbol="o"), eps, acc)
+            series = data.metrics.get("test_accuracy")
+            if series is not None:
+                set_curve(self.acc_steps.curve(label, index, symbol="o"), series.x, series.y)
+            _, eps_series = data.epsilon_series()
+            if eps_series is not None:
+                set_curve(self.eps_steps.curve(label, index), eps_series.x, eps_series.y)
+        self._scatter(all_rows, {run_id: index for index, run_id in enumerate(self.run_ids)})
+        self._config_table([row for row, _ in runs])
+        for plot in (self.tradeoff, self.acc_steps, self.eps_steps, self.scatter_plot):
+            plot.enableAutoRange()
+        self.hint.setVisible(len(runs) < 2)
+
+    def _scatter(self, rows: list[dict[str, Any]], selected: dict[int, int]) -> None:
+        """`selected`: run id -> its colour index in the other plots."""
+        points = [r for r in rows if r["status"] == "finished" and r.get("accuracy") is not None
+                  and r.get("epsilon") is not None]
+        _, foreground = palette_colours()
+        spots = []
+        for r in points:
+            chosen = r["id"] in selected
+            spots.append({
+                "pos": (r["epsilon"], r["accuracy"]),
+                "size": 12 if chosen else 8,
+                "brush": pg.mkBrush(colour(selected[r["id"]]) if chosen else colour(7)),
+                "pen": pg.mkPen(foreground) if chosen else None,
+                "data": r["id"],
+            })
+        scatter = pg.ScatterPlotItem(spots=spots, hoverable=True)
+        scatter.setToolTip("Finished runs with a privacy guarantee; the selected ones are larger")
+        self.scatter_plot.addItem(scatter)
+        self.scatter = scatter
+        for r in points:
+            text = pg.TextItem(str(r["id"]), color=foreground, anchor=(0, 1))
+            text.setPos(r["epsilon"], r["accuracy"])
+            self.scatter_plot.addItem(text)
+
+    def _config_table(self, rows: list[dict[str, Any]]) -> None:
+        configs = [{k: v for k, v in (r.get("config") or {}).items() if k != "schema_version"} for r in rows]
+        keys = sorted(set().union(*configs)) if configs else []
+        differ = differing_keys(configs)
+        keys = sorted(differ) + [k for k in keys if k not in differ]  # differences first
+        self.table.clear()
+        self.table.setColumnCount(len(rows))
+        self.table.setRowCount(len(keys))
+        self.table.setHorizontalHeaderLabels([f"{r['id']}: {r['name']}" for r in rows])
+        self.table.setVerticalHeaderLabels(keys)
+        highlight = QColor(self.palette().color(QPalette.ColorRole.Highlight))
+        highlight.setAlpha(90)
+        for i, key in enumerate(keys):
+            for j, config in enumerate(configs):
+                value = config.get(key)
+                item = QTableWidgetItem("" if value is None else str(value))
+                if key in differ:
+                    item.setBackground(QBrush(highlight))
+                    font = item.font()
+                    font.setBold(True)
+                    item.setFont(font)
+                self.table.setItem(i, j, item)
+        self.table.resizeColumnsToContents()
+        self.differing = differ

@@ -1,0 +1,334 @@
+"""The live dashboard of one run: progress, messages, and its curves (DP-SGD or PATE)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import (
+    QFrame,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from workbench.plots import Plot, set_curve
+from workbench.run_data import RunData
+
+# Events are batched between frames, never drawn one by one. Each tick redraws one plot whose run
+# changed: 30 Hz over the three DP-SGD plots is 10 Hz each, and a frame never repaints them all.
+REDRAW_MS = 33
+
+PHASES = {
+    "loading": "Loading data",
+    "calibrating": "Calibrating noise",
+    "training": "Training",
+    "evaluating": "Evaluating",
+    "teachers": "Training teachers (epochs)",
+    "querying": "Answering student queries",
+    "student": "Training the student (steps)",
+}
+
+
+def format_seconds(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return ""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s left"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s left"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min left"
+
+
+class MessagePanel(QFrame):
+    """Errors and warnings of the run, with the engine's hint; hidden when there are none."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.setObjectName("messagePanel")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 4, 8, 4)
+        self.label = QLabel()
+        self.label.setWordWrap(True)
+        self.label.setTextFormat(Qt.TextFormat.RichText)
+        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        layout.addWidget(self.label)
+        self.hide()
+
+    def show_messages(self, data: RunData) -> None:
+        import html
+
+        if not data.messages:
+            self.hide()
+            return
+        parts = []
+        for m in data.messages[-6:]:
+            tag = "<b style='color:#d62728'>Error:</b> " if m.level == "error" else "<b>Warning:</b> "
+            text = tag + html.escape(m.text)
+            if m.hint:
+                text += f"<br><i>{html.escape(m.hint)}</i>"
+            parts.append(text)
+        self.label.setText("<br>".join(parts))
+        self.show()
+
+
+class Dashboard(QWidget):
+    """Shows one run; redraws at most 10 times a second, and only when the run changed."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.data: RunData | None = None
+        self._drawn_version = -1
+        self._dirty: list = []
+        layout = QVBoxLayout(self)
+        top = QHBoxLayout()
+        self.title = QLabel("No run selected")
+        font = self.title.font()
+        font.setPointSizeF(font.pointSizeF() * 1.2)
+        font.setBold(True)
+        self.title.setFont(font)
+        self.budget_label = QLabel("")
+        top.addWidget(self.title, 1)
+        top.addWidget(self.budget_label)
+        layout.addLayout(top)
+        bar = QHBoxLayout()
+        self.phase_label = QLabel("")
+        self.progress = QProgressBar()
+        self.progress.setTextVisible(True)
+        self.time_left = QLabel("")
+        bar.addWidget(self.phase_label)
+        bar.addWidget(self.progress, 1)
+        bar.addWidget(self.time_left)
+        layout.addLayout(bar)
+        self.messages = MessagePanel()
+        layout.addWidget(self.messages)
+        self.pages = QStackedWidget()
+        layout.addWidget(self.pages, 1)
+        self._build_dpsgd_page()
+        self._build_pate_page()
+        self.timer = QTimer(self)
+        self.timer.setInterval(REDRAW_MS)
+        self.timer.timeout.connect(self._tick)
+        self.timer.start()
+
+    # ---- pages ---------------------------------------------------------------------------------
+    def _build_dpsgd_page(self) -> None:
+        page = QWidget()
+        grid = QGridLayout(page)
+        grid.setContentsMargins(0, 0, 0, 0)
+        self.acc_plot = Plot("Test accuracy", "step", "accuracy", legend=False)
+        self.loss_plot = Plot("Loss", "step", "loss")
+        self.eps_plot = Plot("Privacy spent", "step", "ε", corner="top-left")
+        self.curves = {
+            "test_accuracy": self.acc_plot.curve("test accuracy", 0, symbol="o"),
+            "train_loss": self.loss_plot.curve("train loss", 1, width=1),
+            "test_loss": self.loss_plot.curve("test loss", 3, symbol="o"),
+        }
+        self.eps_curves: dict[str, pg.PlotDataItem] = {}
+        self.budget_line = self.eps_plot.hline(None, "budget")
+        self.budget_anchor = self.eps_plot.anchor()
+        grid.addWidget(self.acc_plot, 0, 0)
+        grid.addWidget(self.loss_plot, 0, 1)
+        grid.addWidget(self.eps_plot, 1, 0, 1, 2)
+        self.pages.addWidget(page)
+        self.dpsgd_page = page
+
+    def _build_pate_page(self) -> None:
+        page = QWidget()
+        grid = QGridLayout(page)
+        grid.setContentsMargins(0, 0, 0, 0)
+        self.teacher_plot = Plot("Teacher training", "epoch (one line per group of teachers)",
+                                 "mean train loss", legend=False)
+        self.teacher_acc_plot = Plot("Teachers", "teacher", "held-out accuracy", legend=False)
+        self.pate_eps_plot = Plot("Privacy spent", "queries processed", "ε", corner="top-left")
+        self.counts_plot = Plot("Student queries", "queries processed", "count", corner="top-left")
+        self.student_plot = Plot("Student", "student step", "test accuracy", legend=False)
+        self.pate_curves = {
+            "teacher_train_loss": self.teacher_plot.curve("loss", 1, symbol="o"),
+            "teacher_accuracy": self.teacher_acc_plot.curve("teachers", 0, width=0, symbol="o"),
+            "answered": self.counts_plot.curve("answered", 2),
+            "rejected": self.counts_plot.curve("rejected", 3),
+            "student_accuracy": self.student_plot.curve("test accuracy", 0, symbol="o"),
+        }
+        self.pate_curves["teacher_accuracy"].setPen(None)
+        self.ensemble_curve = self.teacher_acc_plot.curve("ensemble (plurality vote)", 3, style=Qt.PenStyle.DashLine)
+        self.pate_eps_curves: dict[str, pg.PlotDataItem] = {}
+        self.pate_budget_line = self.pate_eps_plot.hline(None, "budget")
+        self.pate_budget_anchor = self.pate_eps_plot.anchor()
+        grid.addWidget(self.teacher_plot, 0, 0)
+        grid.addWidget(self.teacher_acc_plot, 0, 1)
+        grid.addWidget(self.student_plot, 0, 2)
+        grid.addWidget(self.pate_eps_plot, 1, 0, 1, 2)
+        grid.addWidget(self.counts_plot, 1, 2)
+        self.pages.addWidget(page)
+        self.pate_page = page
+
+    # ---- data ----------------------------------------------------------------------------------
+    def show_run(self, data: RunData | None) -> None:
+        self.data = data
+        self._drawn_version = -1
+        for plot, table in ((self.eps_plot, self.eps_curves), (self.pate_eps_plot, self.pate_eps_curves)):
+            for item in table.values():
+                plot.removeItem(item)
+                if plot.legend is not None:
+                    plot.legend.removeItem(item)
+            table.clear()
+        for item in list(self.curves.values()) + list(self.pate_curves.values()):
+            item.setData([], [])
+        self._dirty = []
+        self.refresh(complete=True)
+        for plot in (self.acc_plot, self.loss_plot, self.eps_plot, self.teacher_plot, self.teacher_acc_plot,
+                     self.pate_eps_plot, self.counts_plot, self.student_plot):
+            plot.enableAutoRange()
+
+    def update_data(self, data: RunData) -> None:
+        """Newer data of the run shown (read again from the store), keeping the user's zoom."""
+        self.data = data
+        self._drawn_version = -1
+
+    def refresh(self, complete: bool = False) -> None:
+        """Update the header; mark the plots for redrawing (all of them now with `complete`)."""
+        data = self.data
+        if data is None:
+            if self._drawn_version != -2:
+                self.title.setText("No run selected")
+                self.phase_label.setText("")
+                self.progress.setValue(0)
+                self.budget_label.setText("")
+                self.messages.hide()
+                self._drawn_version = -2
+            return
+        # the time left moves even without events
+        self.time_left.setText(format_seconds(data.seconds_left()))
+        if data.version == self._drawn_version and not complete:
+            return
+        self._drawn_version = data.version
+        self.title.setText(f"Run {data.run_id}: {data.name}  ({data.mechanism or '?'}, {data.status})")
+        phase = PHASES.get(data.phase, data.phase)
+        self.phase_label.setText(phase)
+        self.progress.setMaximum(max(data.total, 1))
+        self.progress.setValue(min(data.done, max(data.total, 1)) if data.total else (1 if data.finished else 0))
+        self.progress.setFormat("%v / %m" if data.total > 1 else "%p%")
+        self.messages.show_messages(data)
+        self._budget_text(data)
+        self.pages.setCurrentWidget(self.pate_page if data.mechanism == "pate" else self.dpsgd_page)
+        self._dirty = self._groups(data)
+        if complete:
+            while self._dirty:
+                self._dirty.pop(0)(data)
+
+    def _tick(self) -> None:
+        """Timer: header when the run changed, then at most one plot, so no frame repaints them all."""
+        self.refresh()
+        if self.data is not None and self._dirty:
+            self._dirty.pop(0)(self.data)
+
+    def _budget_text(self, data: RunData) -> None:
+        """Epsilon spent as the budget counts it (the run's accountant), the live bound when it is
+        further along, the budget and what is left of it."""
+        if data.mechanism == "none":
+            self.budget_label.setText("non-private: ε = ∞")
+            return
+        name, series = data.epsilon_series()
+        parts = []
+        spent = None
+        if series is not None and len(series):
+            spent = series.last()
+            parts.append(f"ε {spent:.3g} ({name}, step {int(series.x[-1]):,})")
+            live = data.privacy.get("rdp")
+            if name != "rdp" and live is not None and len(live) and live.x[-1] > series.x[-1]:
+                parts.append(f"live bound {live.last():.3g} (rdp, step {int(live.x[-1]):,})")
+        released = data.privacy.get("pate-released")
+        if released is not None and len(released):
+            parts.append(f"released ε {released.last():.3g}")
+        budget = data.budget
+        if budget is not None:
+            left = f", {max(budget - spent, 0):.3g} left" if spent is not None else ""
+            parts.append(f"budget {budget:g}{left}")
+        self.budget_label.setText("  ·  ".join(parts))
+
+    # ---- drawing, one plot per group --------------------------------------------------------
+    def _groups(self, data: RunData) -> list:
+        """Drawing steps of the current page, one plot each, so a frame repaints one plot at a time."""
+        if data.mechanism == "pate":
+            return [self._draw_teacher_loss, self._draw_teachers, self._draw_student, self._draw_pate_epsilon,
+                    self._draw_counts]
+        return [self._draw_accuracy, self._draw_loss, self._draw_dpsgd_epsilon]
+
+    def _draw_series(self, data: RunData, names: tuple[str, ...]) -> None:
+        for name in names:
+            series = data.metrics.get(name)
+            if series is not None:
+                set_curve(self.curves[name], series.x, series.y)
+
+    def _draw_accuracy(self, data: RunData) -> None:
+        self._draw_series(data, ("test_accuracy",))
+
+    def _draw_loss(self, data: RunData) -> None:
+        self._draw_series(data, ("train_loss", "test_loss"))
+
+    def _draw_dpsgd_epsilon(self, data: RunData) -> None:
+        self._draw_epsilon(data, self.eps_plot, self.eps_curves, self.budget_line, self.budget_anchor)
+
+    def _draw_pate_epsilon(self, data: RunData) -> None:
+        self._draw_epsilon(data, self.pate_eps_plot, self.pate_eps_curves, self.pate_budget_line,
+                           self.pate_budget_anchor)
+
+    def _draw_epsilon(self, data: RunData, plot: Plot, table: dict, line, anchor) -> None:
+        for name, series in sorted(data.privacy.items()):
+            item = table.get(name)
+            if item is None:
+                label = {"pate-dd": "data-dependent", "pate-di": "data-independent",
+                         "pate-released": "released (smooth sensitivity)", "rdp": "rdp (live)"}.get(name, name)
+                item = plot.curve(label, 4 + len(table), symbol="o" if name in ("pld", "pate-released") else None)
+                table[name] = item
+            set_curve(item, series.x, series.y)
+        budget = data.budget
+        line.setVisible(budget is not None)
+        if budget is not None:
+            line.setValue(budget)
+            anchor.setData([0.0, 0.0], [0.0, budget])
+        else:
+            anchor.setData([], [])
+
+    def _draw_teacher_loss(self, data: RunData) -> None:
+        series = data.metrics.get("teacher_train_loss")
+        if series is None:
+            return
+        x, y = series.x, series.y
+        epochs = int(data.config.get("teacher_epochs") or 0)
+        if epochs > 0 and x.size and x.max() > epochs:
+            x = (x - 1) % epochs + 1  # teachers train in groups; each group's epochs from 1
+        breaks = np.flatnonzero(np.diff(x) <= 0) + 1  # one line per group
+        x, y = np.insert(x, breaks, np.nan), np.insert(y, breaks, np.nan)
+        self.pate_curves["teacher_train_loss"].setData(x, y, connect="finite")
+
+    def _draw_teachers(self, data: RunData) -> None:
+        m = data.metrics
+        if "teacher_accuracy" in m:
+            set_curve(self.pate_curves["teacher_accuracy"], m["teacher_accuracy"].x, m["teacher_accuracy"].y)
+        if "ensemble_accuracy" in m and len(m["ensemble_accuracy"]) and "teacher_accuracy" in m:
+            last = float(m["teacher_accuracy"].x.max())
+            value = m["ensemble_accuracy"].last()
+            set_curve(self.ensemble_curve, np.array([0.0, last]), np.array([value, value]))
+            self.teacher_acc_plot.setLabel("bottom", f"teacher (dashed: ensemble {value:.3f})")
+        else:
+            self.ensemble_curve.setData([], [])
+            self.teacher_acc_plot.setLabel("bottom", "teacher")
+
+    def _draw_student(self, data: RunData) -> None:
+        series = data.metrics.get("test_accuracy")
+        if series is not None:
+            set_curve(self.pate_curves["student_accuracy"], series.x, series.y)
+
+    def _draw_counts(self, data: RunData) -> None:
+        set_curve(self.pate_curves["answered"], data.answered.x, data.answered.y)
+        set_curve(self.pate_curves["rejected"], data.rejected.x, data.rejected.y)

@@ -1,0 +1,210 @@
+"""Run actions that open a dialog: Export… and Report…. Slow engine work runs off the GUI thread."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.errors import DPWError
+
+
+def describe_error(exc: BaseException) -> str:
+    """One paragraph for a person: the engine's message and hint, or the exception's type and text."""
+    if isinstance(exc, DPWError):
+        return exc.message + (f"\n{exc.hint}" if exc.hint else "")
+    return f"{type(exc).__name__}: {exc}"
+
+
+class _Signals(QObject):
+    done = Signal(object)
+    failed = Signal(object)
+
+
+class Task(QRunnable):
+    """`fn()` in the global thread pool; `done(result)` or `failed(exception)` on the GUI thread."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        super().__init__()
+        self.fn = fn
+        self.signals = _Signals()
+
+    def run(self) -> None:
+        try:
+            result = self.fn()
+        except BaseException as exc:  # shown to the user, never lost
+            self.signals.failed.emit(exc)
+            return
+        self.signals.done.emit(result)
+
+
+def start_task(fn: Callable[[], Any], done: Callable[[Any], None], failed: Callable[[BaseException], None]) -> Task:
+    task = Task(fn)
+    task.setAutoDelete(False)
+    task.signals.done.connect(done)
+    task.signals.failed.connect(failed)
+    QThreadPool.globalInstance().start(task)
+    return task
+
+
+class ExportDialog(QDialog):
+    """Export a run's released model (DP-SGD model, PATE student) with `engine.export.export_run`."""
+
+    def __init__(self, store_path: Path, run: dict[str, Any], parent: QWidget | None = None):
+        super().__init__(parent)
+        self.store_path, self.run = store_path, run
+        self.setWindowTitle(f"Export run {run['id']} ({run['name']})")
+        layout = QVBoxLayout(self)
+        form = QFormLayout()
+        self.kind = QComboBox()
+        if run["mechanism"] == "pate":
+            self.kind.addItem("the student (released model)", "model")
+            self.kind.addItem("the teachers", "teacher")
+        else:
+            self.kind.addItem("the trained model", "model")
+        form.addRow("Export", self.kind)
+        folder_row = QHBoxLayout()
+        self.folder = QLineEdit(str(Path.home() / f"dpw-export-run-{run['id']}"))
+        browse = QPushButton("Folder…")
+        browse.clicked.connect(self._browse)
+        folder_row.addWidget(self.folder, 1)
+        folder_row.addWidget(browse)
+        form.addRow("Into folder", folder_row)
+        layout.addLayout(form)
+        self.result_label = QLabel("Writes model.safetensors, model.pt2 (torch.export), model.onnx and "
+                                   "model_card.json.")
+        self.result_label.setWordWrap(True)
+        layout.addWidget(self.result_label)
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        self.export_button = self.buttons.addButton("Export", QDialogButtonBox.ButtonRole.ActionRole)
+        self.export_button.clicked.connect(self.export)
+        self.buttons.rejected.connect(self.reject)
+        layout.addWidget(self.buttons)
+        self.task: Task | None = None
+        self.outcome: str | None = None  # "ok" or "error", for tests
+
+    def _browse(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Export into folder", self.folder.text())
+        if path:
+            self.folder.setText(path)
+
+    def export(self) -> None:
+        from engine.store import Store
+
+        kind, out = self.kind.currentData(), self.folder.text().strip()
+        run_id, db = self.run["id"], self.store_path
+
+        def work() -> dict[str, str]:
+            from engine.export import export_run
+
+            store = Store(db)  # a connection of this thread's own
+            try:
+                return export_run(store, run_id, out, kind=kind)
+            finally:
+                store.close()
+
+        self.export_button.setEnabled(False)
+        self.result_label.setText("Exporting…")
+        self.task = start_task(work, self._done, self._failed)
+
+    def _done(self, files: dict[str, str]) -> None:
+        self.outcome = "ok"
+        self.export_button.setEnabled(True)
+        lines = "".join(f"<li>{name}: {'<i>' + value + '</i>' if value.startswith('not') else 'sha256 ' + value[:16] + '…'}</li>"
+                        for name, value in files.items())
+        self.result_label.setText(f"Exported to {self.folder.text()}:<ul>{lines}</ul>")
+
+    def _failed(self, exc: BaseException) -> None:
+        self.outcome = "error"
+        self.export_button.setEnabled(True)
+        self.result_label.setText("<b style='color:#d62728'>Not exported:</b> " + describe_error(exc).replace("\n", "<br>"))
+
+
+class ReportDialog(QDialog):
+    """Preview a run's privacy report (engine.report) and save it as HTML, PDF or JSON."""
+
+    def __init__(self, store_path: Path, run: dict[str, Any], parent: QWidget | None = None):
+        super().__init__(parent)
+        self.store_path, self.run = store_path, run
+        self.report: dict[str, Any] | None = None
+        self.html = ""
+        self.setWindowTitle(f"Privacy report — run {run['id']} ({run['name']})")
+        self.resize(820, 900)
+        layout = QVBoxLayout(self)
+        self.browser = QTextBrowser()
+        self.browser.setOpenExternalLinks(True)
+        # The report is a document with its own (light) colours: show it as a page.
+        self.browser.setStyleSheet("QTextBrowser { background: white; color: #222; }")
+        self.browser.setPlainText("Building the report…")
+        layout.addWidget(self.browser, 1)
+        self.status = QLabel("")
+        layout.addWidget(self.status)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        self.save_buttons = []
+        for label, suffix in (("Save as HTML…", ".html"), ("Save as PDF…", ".pdf"), ("Save as JSON…", ".json")):
+            button = buttons.addButton(label, QDialogButtonBox.ButtonRole.ActionRole)
+            button.clicked.connect(lambda _=False, s=suffix: self.save_dialog(s))
+            button.setEnabled(False)
+            self.save_buttons.append(button)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)
+        self.task = start_task(self._build, self._built, self._failed)
+
+    def _build(self) -> tuple[dict[str, Any], str]:
+        from engine.report import build_report, render_html
+        from engine.store import Store
+
+        store = Store(self.store_path)
+        try:
+            report = build_report(store, self.run["id"])
+        finally:
+            store.close()
+        return report, render_html(report)
+
+    def _built(self, result: tuple[dict[str, Any], str]) -> None:
+        self.report, self.html = result
+        self.browser.setHtml(self.html)
+        for button in self.save_buttons:
+            button.setEnabled(True)
+
+    def _failed(self, exc: BaseException) -> None:
+        self.browser.setPlainText("No report: " + describe_error(exc))
+        self.status.setText("")
+
+    def save_dialog(self, suffix: str) -> None:
+        default = str(Path.home() / f"dpw-report-run-{self.run['id']}{suffix}")
+        path, _ = QFileDialog.getSaveFileName(self, "Save report", default, f"*{suffix}")
+        if path:
+            self.save(Path(path))
+
+    def save(self, path: Path) -> Path:
+        """Write the previewed report; the format follows the file's extension."""
+        assert self.report is not None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        suffix = path.suffix.lower()
+        if suffix in (".html", ".htm"):
+            path.write_text(self.html, encoding="utf-8")
+        elif suffix == ".pdf":
+            from workbench.report_pdf import html_to_pdf
+
+            html_to_pdf(self.html, path)
+        else:
+            path.write_text(json.dumps(self.report, indent=2, default=str), encoding="utf-8")
+        self.status.setText(f"Saved {path}")
+        return path

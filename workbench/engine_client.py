@@ -1,0 +1,188 @@
+"""Starts runner processes (`python -m engine.runner RUN_ID --db PATH`) one queue slot at a time,
+reads their JSON-line events as they come, and notices runners that end without a word.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Signal
+
+from engine.events import decode
+from engine.store import Store, now_iso
+
+STDERR_KEPT = 4000  # characters of a runner's stderr kept to explain a crash
+
+
+def runner_arguments(db_path: Path, run_id: int) -> list[str]:
+    """Arguments after the interpreter: the same command `dpw run` starts."""
+    return ["-m", "engine.runner", str(run_id), "--db", str(db_path)]
+
+
+class _Job:
+    def __init__(self, run_id: int, process: QProcess):
+        self.run_id = run_id
+        self.process = process
+        self.buffer = b""
+        self.stderr = b""
+        self.finished_event = False
+        self.stop_requested = False
+
+
+class EngineClient(QObject):
+    """A queue of stored runs and the runner processes that execute them.
+
+    Signals carry batches: `events(run_id, [event, ...])` once per chunk of stdout read, never
+    once per event, so a fast run cannot flood the event loop.
+    """
+
+    events = Signal(int, list)
+    run_started = Signal(int)
+    run_ended = Signal(int, str)  # run id, final status
+    run_lost = Signal(int, str, str)  # run id, message, hint: ended without a finished event
+    queue_changed = Signal()
+
+    def __init__(self, store: Store, *, max_parallel: int = 1, parent: QObject | None = None):
+        super().__init__(parent)
+        self.store = store
+        self.max_parallel = max_parallel
+        self.queue: deque[int] = deque()
+        self.jobs: dict[int, _Job] = {}
+        self.environment: dict[str, str] = {}
+
+    # ---- queue ---------------------------------------------------------------------------------
+    def submit(self, config: Any) -> int:
+        """Store `config` as a queued run and start it when a slot is free; returns its id."""
+        run_id = self.store.create_run(config)
+        self.queue.append(run_id)
+        self.queue_changed.emit()
+        self._start_next()
+        return run_id
+
+    def is_active(self, run_id: int) -> bool:
+        return run_id in self.jobs or run_id in self.queue
+
+    def active_ids(self) -> list[int]:
+        return list(self.jobs) + list(self.queue)
+
+    def stop(self, run_id: int) -> None:
+        """Ask a running runner to stop after its current step (SIGTERM); drop a queued run."""
+        if run_id in self.queue:
+            self.queue.remove(run_id)
+            self.store.update_run(run_id, status="stopped", finished=now_iso(), stop_reason="stopped",
+                                  error=None)
+            self.queue_changed.emit()
+            self.run_ended.emit(run_id, "stopped")
+            return
+        job = self.jobs.get(run_id)
+        if job is not None:
+            job.stop_requested = True
+            job.process.terminate()
+
+    def kill(self, run_id: int) -> None:
+        """End a runner at once (SIGKILL); it cannot clean up, so the window marks the run failed."""
+        job = self.jobs.get(run_id)
+        if job is not None:
+            job.process.kill()
+
+    def shutdown(self, timeout_ms: int = 5000) -> None:
+        """Stop everything (window closing): queued runs are dropped, runners asked to stop."""
+        for run_id in list(self.queue):
+            self.stop(run_id)
+        for job in list(self.jobs.values()):
+            job.stop_requested = True
+            job.process.terminate()
+        for job in list(self.jobs.values()):
+            if not job.process.waitForFinished(timeout_ms):
+                job.process.kill()
+                job.process.waitForFinished(1000)
+
+    # ---- processes -----------------------------------------------------------------------------
+    def _start_next(self) -> None:
+        while self.queue and len(self.jobs) < self.max_parallel:
+            run_id = self.queue.popleft()
+            self._launch(run_id)
+        self.queue_changed.emit()
+
+    def _launch(self, run_id: int) -> None:
+        process = QProcess(self)
+        env = QProcessEnvironment.systemEnvironment()
+        env.insert("PYTHONUNBUFFERED", "1")
+        repo = str(Path(__file__).resolve().parents[1])
+        env.insert("PYTHONPATH", repo + os.pathsep + env.value("PYTHONPATH", "") if env.contains("PYTHONPATH") else repo)
+        for key, value in self.environment.items():
+            env.insert(key, value)
+        process.setProcessEnvironment(env)
+        job = _Job(run_id, process)
+        self.jobs[run_id] = job
+        process.readyReadStandardOutput.connect(lambda: self._read(job))
+        process.readyReadStandardError.connect(lambda: self._read_stderr(job))
+        process.finished.connect(lambda code, status: self._ended(job, code, status))
+        process.errorOccurred.connect(lambda error: self._failed_to_start(job, error))
+        process.start(sys.executable, runner_arguments(self.store.path, run_id))
+        self.run_started.emit(run_id)
+
+    def _read(self, job: _Job) -> None:
+        data = job.buffer + bytes(job.process.readAllStandardOutput())
+        *lines, job.buffer = data.split(b"\n")
+        batch = []
+        for line in lines:
+            event = decode(line.decode("utf-8", errors="replace"))
+            if event is None:
+                continue
+            if event["type"] == "finished":
+                job.finished_event = True
+            batch.append(event)
+        if batch:
+            self.events.emit(job.run_id, batch)
+
+    def _read_stderr(self, job: _Job) -> None:
+        job.stderr = (job.stderr + bytes(job.process.readAllStandardError()))[-STDERR_KEPT:]
+
+    def _failed_to_start(self, job: _Job, error: QProcess.ProcessError) -> None:
+        if error == QProcess.ProcessError.FailedToStart:
+            self._ended(job, -1, QProcess.ExitStatus.CrashExit)
+
+    def _ended(self, job: _Job, code: int, status: QProcess.ExitStatus) -> None:
+        if self.jobs.get(job.run_id) is not job:
+            return  # already handled (errorOccurred and finished can both arrive)
+        self._read(job)
+        self._read_stderr(job)
+        del self.jobs[job.run_id]
+        if job.finished_event:
+            final = self.store.get_run(job.run_id)["status"]
+        else:
+            final = "failed"
+            message, hint = self._explain(job, code, status)
+            self._mark_failed(job.run_id, message, hint)
+            self.run_lost.emit(job.run_id, message, hint)
+        job.process.deleteLater()
+        self.run_ended.emit(job.run_id, final)
+        self._start_next()
+
+    def _explain(self, job: _Job, code: int, status: QProcess.ExitStatus) -> tuple[str, str]:
+        tail = job.stderr.decode("utf-8", errors="replace").strip().splitlines()
+        last = tail[-1] if tail else ""
+        if job.process.error() == QProcess.ProcessError.FailedToStart:
+            return (f"the runner could not be started ({sys.executable}): {job.process.errorString()}",
+                    "check that the Python environment of dp-workbench is intact")
+        if status == QProcess.ExitStatus.CrashExit:
+            return ("the runner process was killed or crashed before it reported an end"
+                    + (f": {last}" if last else ""),
+                    "everything up to its last completed step is kept; start the run again to retry")
+        return (f"the runner process exited with status {code} without reporting an end"
+                + (f": {last}" if last else ""),
+                "see the message above; everything up to its last completed step is kept")
+
+    def _mark_failed(self, run_id: int, message: str, hint: str) -> None:
+        """The runner could not record its own end: record it for it, once."""
+        self.store.reconcile_orphans()
+        row = self.store.get_run(run_id)
+        if row["status"] in ("queued", "running"):
+            self.store.update_run(run_id, status="failed", finished=now_iso(), error=message, error_hint=hint)
+        elif row["status"] == "failed" and (row.get("error") or "").startswith("the runner process ended"):
+            self.store.update_run(run_id, error=message, error_hint=hint)

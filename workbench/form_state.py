@@ -1,0 +1,194 @@
+"""The setup form's state without Qt: text per field, parsed values, errors, the RunConfig.
+
+The form widgets only hold text; everything they show about validity comes from here, and
+every rule comes from `engine.config` (`config_fields`, `check_field`, `collect_errors`,
+`RunConfig.check_against_dataset`), so the window never keeps a second copy of the rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.config import RunConfig, check_field, collect_errors, config_fields
+from engine.errors import ConfigError
+
+# Training/test split sizes of the registered datasets, for the live cost preview before any data
+# is loaded (the engine's registry states them only in its descriptions). Built-in tables have no
+# standard split: (total, None) and the split follows test_fraction.
+KNOWN_SIZES: dict[str, tuple[int, int | None]] = {
+    "mnist": (60_000, 10_000),
+    "fashion-mnist": (60_000, 10_000),
+    "cifar10": (50_000, 10_000),
+    "svhn": (73_257, 26_032),
+    "digits": (1_797, None),
+    "breast-cancer": (569, None),
+}
+
+GROUP_TITLES = {
+    "run": "Run",
+    "data": "Data",
+    "model": "Model",
+    "privacy": "Privacy",
+    "training": "Training",
+    "pate": "PATE",
+}
+
+
+@dataclass(frozen=True)
+class DataSize:
+    """How many training (and test) examples a config will see, and whether that is exact."""
+
+    num_train: int
+    num_test: int | None
+    exact: bool
+
+
+def field_names() -> list[str]:
+    return [name for name, _, _ in config_fields()]
+
+
+def specs() -> dict[str, Any]:
+    return {name: spec for name, _, spec in config_fields()}
+
+
+def defaults() -> dict[str, Any]:
+    return {name: default for name, default, _ in config_fields()}
+
+
+def visible_fields(mechanism: str) -> list[str]:
+    """The fields a mechanism uses (a FieldSpec with no mechanisms applies to all)."""
+    return [name for name, _, spec in config_fields() if not spec.mechanisms or mechanism in spec.mechanisms]
+
+
+def to_text(name: str, value: Any) -> str:
+    """How a value is shown in its text box ('' for unset)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}" if abs(value) < 1e16 else repr(value)
+    return str(value)
+
+
+def parse(name: str, text: str) -> tuple[Any, ConfigError | None]:
+    """Text → value of the field's kind; the error says what was typed and what is allowed."""
+    spec = specs()[name]
+    text = text.strip()
+    if text == "":
+        if spec.kind is str and not spec.optional:
+            return "", check_field(name, "")
+        return None, check_field(name, None)
+    if spec.kind is bool:
+        lowered = text.lower()
+        if lowered in ("true", "1", "yes", "on"):
+            return True, None
+        if lowered in ("false", "0", "no", "off"):
+            return False, None
+        return None, ConfigError(name, f"{text!r} is not {spec.allowed()}")
+    if spec.kind is int:
+        try:
+            value: Any = int(text.replace("_", "").replace(",", ""))
+        except ValueError:
+            return None, ConfigError(name, f"{text!r} is not {spec.allowed()}")
+    elif spec.kind is float:
+        try:
+            value = float(text.replace("_", ""))
+        except ValueError:
+            return None, ConfigError(name, f"{text!r} is not {spec.allowed()}")
+    else:
+        value = text
+    return value, check_field(name, value)
+
+
+class FormState:
+    """Texts of every field, the mechanism's visible subset, and what is wrong with them."""
+
+    def __init__(self, values: dict[str, Any] | None = None):
+        self.texts = {name: to_text(name, value) for name, value in defaults().items()}
+        if values:
+            self.set_values(values)
+
+    # ---- input ---------------------------------------------------------------------------------
+    def set_text(self, name: str, text: str) -> None:
+        self.texts[name] = text
+
+    def set_values(self, values: dict[str, Any]) -> None:
+        """Load plain values (a RunConfig's dict or a TOML file); unset optional fields become ''."""
+        for name in field_names():
+            if name in values:
+                self.texts[name] = to_text(name, values[name])
+
+    def load_config(self, config: RunConfig) -> None:
+        values = config.to_dict()
+        values.pop("schema_version", None)
+        self.texts = {name: to_text(name, values.get(name)) for name in field_names()}
+
+    @property
+    def mechanism(self) -> str:
+        return self.texts.get("mechanism", "dpsgd").strip() or "dpsgd"
+
+    def visible(self) -> list[str]:
+        return visible_fields(self.mechanism)
+
+    # ---- derived -------------------------------------------------------------------------------
+    def values(self) -> dict[str, Any]:
+        """Parsed values of every field. A hidden field whose text does not parse keeps its default,
+        so a setting of another mechanism never blocks this one invisibly."""
+        visible = set(self.visible())
+        out: dict[str, Any] = {}
+        for name, default in defaults().items():
+            value, error = parse(name, self.texts[name])
+            out[name] = default if (error is not None and name not in visible) else value
+        return out
+
+    def field_errors(self) -> dict[str, ConfigError]:
+        """Errors of the visible fields on their own."""
+        errors = {}
+        for name in self.visible():
+            _, error = parse(name, self.texts[name])
+            if error is not None:
+                errors[name] = error
+        return errors
+
+    def errors(self, size: DataSize | None = None) -> dict[str, ConfigError]:
+        """Every problem, keyed by the field it is shown at: field rules, then rules across fields,
+        then (when the data size is known) the rules that need the dataset."""
+        errors = self.field_errors()
+        if errors:
+            return errors
+        values = self.values()
+        for error in collect_errors(values):
+            errors.setdefault(error.field, error)
+        if errors:
+            return errors
+        if size is not None:
+            try:
+                RunConfig.from_dict(values).check_against_dataset(size.num_train, size.num_test)
+            except ConfigError as error:
+                errors[error.field] = error
+        return errors
+
+    def config(self) -> RunConfig:
+        """The RunConfig of these values; ConfigError (naming the field) when they are invalid."""
+        return RunConfig.from_dict(self.values())
+
+    def data_size(self) -> DataSize | None:
+        """The training-set size N this config will see, from the table of known datasets."""
+        values = self.values()
+        known = KNOWN_SIZES.get(str(values.get("dataset") or "").strip().lower())
+        if known is None:
+            return None
+        total, test = known
+        exact = test is not None
+        if test is None:
+            fraction = values.get("test_fraction") or 0.2
+            test = round(total * fraction)
+            total = total - test
+            exact = False
+        train = total
+        subset = values.get("train_subset")
+        if subset is not None and subset < train:
+            train = subset
+        return DataSize(train, test, exact)

@@ -1,0 +1,508 @@
+"""The main window: runs list on the left; setup, live dashboard, compare and PATE votes on the right."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QItemSelectionModel, QModelIndex, Qt, QTimer
+from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QFileDialog,
+    QHeaderView,
+    QLabel,
+    QMainWindow,
+    QMenu,
+    QMessageBox,
+    QSplitter,
+    QTableView,
+    QTabWidget,
+)
+
+from engine.config import RunConfig
+from engine.errors import DPWError
+from engine.store import Store
+from workbench.compare import CompareView
+from workbench.dashboard import Dashboard
+from workbench.dialogs import ExportDialog, ReportDialog, describe_error
+from workbench.engine_client import EngineClient
+from workbench.probe import EngineProbe
+from workbench.run_data import RunData
+from workbench.runs_model import RunsModel
+from workbench.settings import Settings
+from workbench.setup_form import SetupForm
+
+ICON_PATH = Path(__file__).resolve().parents[1] / "resources" / "icons" / "dp-workbench.svg"
+LIST_REFRESH_MS = 1500
+TOML_FILTER = "Run configs (*.toml)"
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, db_path: str | Path, *, probe: bool = True):
+        super().__init__()
+        self.setWindowTitle(f"DP Workbench — {db_path}")
+        if ICON_PATH.is_file():
+            self.setWindowIcon(QIcon(str(ICON_PATH)))
+        self.store = Store(db_path)
+        self.store.reconcile_orphans()
+        self.settings = Settings()
+        self.client = EngineClient(self.store, parent=self)
+        self.client.events.connect(self._on_events)
+        self.client.run_started.connect(lambda _id: self.refresh_runs())
+        self.client.run_ended.connect(self._on_run_ended)
+        self.client.run_lost.connect(self._on_run_lost)
+        self.client.queue_changed.connect(self._update_queue_label)
+        self.run_data: dict[int, RunData] = {}
+        self.current_run_id: int | None = None
+
+        self._build_widgets()
+        self._build_actions()
+        self._build_menus()
+        self._build_status_bar()
+        self.restore_settings()
+        self.refresh_runs()
+        self._update_run_actions()
+
+        self.list_timer = QTimer(self)
+        self.list_timer.setInterval(LIST_REFRESH_MS)
+        self.list_timer.timeout.connect(self._periodic_refresh)
+        self.list_timer.start()
+
+        self.probe = EngineProbe(self)
+        self.probe.ready.connect(self._on_probe)
+        self.probe.failed.connect(lambda msg: self.device_label.setText(f"Engine: not available ({msg})"))
+        if probe:
+            self.probe.start()
+
+    # ---- construction --------------------------------------------------------------------------
+    def _build_widgets(self) -> None:
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.setObjectName("mainSplitter")
+        self.runs_model = RunsModel(self)
+        self.runs_view = QTableView()
+        self.runs_view.setObjectName("runsView")
+        self.runs_view.setModel(self.runs_model)
+        self.runs_view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.runs_view.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
+        self.runs_view.verticalHeader().hide()
+        self.runs_view.setWordWrap(False)
+        self.runs_view.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Fixed)
+        self.runs_view.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 8)
+        self.runs_view.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.runs_view.horizontalHeader().setStretchLastSection(True)
+        self.runs_view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.runs_view.customContextMenuRequested.connect(self._context_menu)
+        self.runs_view.selectionModel().currentRowChanged.connect(self._current_changed)
+        self.runs_view.selectionModel().selectionChanged.connect(lambda *_: self._selection_changed())
+        self.runs_view.doubleClicked.connect(lambda _: self.tabs.setCurrentWidget(self.dashboard))
+        self.splitter.addWidget(self.runs_view)
+
+        self.tabs = QTabWidget()
+        self.tabs.setObjectName("tabs")
+        self.form = SetupForm()
+        self.form.start_requested.connect(self.start_run)
+        self.dashboard = Dashboard()
+        self.compare = CompareView()
+        from workbench.votes_view import VotesView
+
+        self.votes = VotesView()
+        self.tabs.addTab(self.form, "Setup")
+        self.tabs.addTab(self.dashboard, "Dashboard")
+        self.tabs.addTab(self.compare, "Compare")
+        self.tabs.addTab(self.votes, "PATE votes")
+        self.tabs.currentChanged.connect(self._tab_changed)
+        self.splitter.addWidget(self.tabs)
+        self.splitter.setStretchFactor(0, 1)
+        self.splitter.setStretchFactor(1, 3)
+        self.setCentralWidget(self.splitter)
+
+    def _action(self, text: str, slot, shortcut: str | QKeySequence.StandardKey | None = None,
+                tip: str = "") -> QAction:
+        action = QAction(text, self)
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))
+        if tip:
+            action.setStatusTip(tip)
+            action.setToolTip(tip)
+        action.triggered.connect(lambda _=False: slot())
+        self.addAction(action)
+        return action
+
+    def _build_actions(self) -> None:
+        self.act_new = self._action("&New run", self.new_run, "Ctrl+N", "Set up a new run")
+        self.act_start = self._action("&Start run", self.form.request_start, "Ctrl+Return",
+                                      "Start the run set up in the form (queued if another is running)")
+        self.act_stop = self._action("S&top run", self.stop_run, "Ctrl+.",
+                                     "Stop the selected run after its current step")
+        self.act_compare = self._action("&Compare selected runs", self.compare_selected, "Ctrl+K",
+                                        "Compare the runs selected in the list")
+        self.act_export = self._action("&Export…", self.export_run, "Ctrl+E", "Export the selected run's model")
+        self.act_report = self._action("&Report…", self.report_run, "Ctrl+R", "Privacy report of the selected run")
+        self.act_open = self._action("&Open config…", self.open_config, QKeySequence.StandardKey.Open,
+                                     "Load a run config (TOML) into the form")
+        self.act_save = self._action("&Save config as…", self.save_config, QKeySequence.StandardKey.Save,
+                                     "Save the form as a run config (TOML) for `dpw run`")
+        self.act_reuse = self._action("Set up &again from this run", self.reuse_config, None,
+                                      "Load the selected run's config into the form")
+        self.act_refresh = self._action("Re&fresh", self.refresh_runs, QKeySequence.StandardKey.Refresh)
+        self.act_quit = self._action("&Quit", self.close, QKeySequence.StandardKey.Quit)
+        self.act_setup = self._action("Set&up", lambda: self.tabs.setCurrentWidget(self.form), "Ctrl+1")
+        self.act_dash = self._action("&Dashboard", lambda: self.tabs.setCurrentWidget(self.dashboard), "Ctrl+2")
+        self.act_votes = self._action("PATE &votes", lambda: self.tabs.setCurrentWidget(self.votes), "Ctrl+3")
+        self.form.validity_changed.connect(self.act_start.setEnabled)
+        self.act_start.setEnabled(self.form.valid)
+
+    def _build_menus(self) -> None:
+        bar = self.menuBar()
+        file_menu = bar.addMenu("&File")
+        for action in (self.act_open, self.act_save, None, self.act_quit):
+            file_menu.addSeparator() if action is None else file_menu.addAction(action)
+        run_menu = bar.addMenu("&Run")
+        for action in (self.act_new, self.act_start, self.act_stop, None, self.act_export, self.act_report,
+                       self.act_reuse):
+            run_menu.addSeparator() if action is None else run_menu.addAction(action)
+        view_menu = bar.addMenu("&View")
+        for action in (self.act_setup, self.act_dash, self.act_compare, self.act_votes, None, self.act_refresh):
+            view_menu.addSeparator() if action is None else view_menu.addAction(action)
+
+    def _build_status_bar(self) -> None:
+        self.device_label = QLabel("Engine device: checking…")
+        self.queue_label = QLabel("")
+        self.statusBar().addPermanentWidget(self.queue_label)
+        self.statusBar().addPermanentWidget(self.device_label)
+
+    # ---- settings ------------------------------------------------------------------------------
+    def restore_settings(self) -> None:
+        s = self.settings
+        geometry = s.bytes("window/geometry")
+        if geometry is None or not self.restoreGeometry(geometry):
+            self.resize(1400, 900)
+        state = s.bytes("window/state")
+        if state is not None:
+            self.restoreState(state)
+        split = s.bytes("window/splitter")
+        if split is not None:
+            self.splitter.restoreState(split)
+        else:
+            self.splitter.setSizes([520, 980])
+        compare_split = s.bytes("compare/splitter")
+        if compare_split is not None:
+            self.compare.splitter.restoreState(compare_split)
+        texts = s.json("setup/texts")
+        if isinstance(texts, dict):
+            self.form.set_texts(texts)
+        tab = s.json("window/tab", 0)
+        if isinstance(tab, int) and 0 <= tab < self.tabs.count():
+            self.tabs.setCurrentIndex(tab)
+
+    def save_settings(self) -> None:
+        s = self.settings
+        s.set_bytes("window/geometry", self.saveGeometry())
+        s.set_bytes("window/state", self.saveState())
+        s.set_bytes("window/splitter", self.splitter.saveState())
+        s.set_bytes("compare/splitter", self.compare.splitter.saveState())
+        s.set_json("setup/texts", self.form.texts())
+        s.set_json("window/tab", self.tabs.currentIndex())
+        s.sync()
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
+        self.save_settings()
+        if self.client.active_ids():
+            self.statusBar().showMessage("Stopping runs…")
+        self.client.shutdown()
+        self.list_timer.stop()
+        self.dashboard.timer.stop()
+        if self.probe.process.state() != self.probe.process.ProcessState.NotRunning:
+            self.probe.process.kill()
+            self.probe.process.waitForFinished(1000)
+        super().closeEvent(event)
+
+    # ---- engine probe --------------------------------------------------------------------------
+    def _on_probe(self, result: dict[str, Any]) -> None:
+        name = result.get("device_name")
+        self.device_label.setText(f"Engine device: {result['device']}" + (f" ({name})" if name else ""))
+        self.device_label.setToolTip(f"torch {result.get('torch')}; runs with device 'auto' use this")
+        datasets = [d["name"] for d in result.get("datasets", [])]
+        if datasets:
+            self.form.set_choices("dataset", datasets)
+        models = ["auto"] + [m["name"] for m in result.get("models", [])]
+        self.form.set_choices("model", models)
+        self.form.set_choices("teacher_model", models)
+
+    # ---- runs list -----------------------------------------------------------------------------
+    def refresh_runs(self) -> None:
+        try:
+            rows = self.store.list_runs()
+        except Exception as exc:  # a locked or damaged file is reported, the window keeps going
+            self.statusBar().showMessage(f"Cannot read {self.store.path}: {describe_error(exc)}", 10000)
+            return
+        self.runs_model.set_rows(rows)
+        if self.current_run_id is not None:
+            row = self.runs_model.row_of(self.current_run_id)
+            if row is not None and not self.runs_view.selectionModel().isRowSelected(row, QModelIndex()):
+                self._select_row(row)
+
+    def _periodic_refresh(self) -> None:
+        """Keep the list current, and follow a run another process (`dpw run`) is executing."""
+        if not self.isVisible():
+            return
+        self.refresh_runs()
+        run_id = self.current_run_id
+        if run_id is None or self.client.is_active(run_id):
+            return
+        row = self.runs_model.row_of(run_id)
+        data = self.run_data.get(run_id)
+        if row is not None and data is not None and not data.finished:
+            fresh = RunData.from_store(self.store, run_id)
+            self.run_data[run_id] = fresh
+            if self.dashboard.data is data:
+                self.dashboard.update_data(fresh)
+
+    def _select_row(self, row: int) -> None:
+        index = self.runs_model.index(row, 0)
+        self.runs_view.selectionModel().setCurrentIndex(
+            index, QItemSelectionModel.SelectionFlag.ClearAndSelect | QItemSelectionModel.SelectionFlag.Rows)
+
+    def select_run(self, run_id: int) -> None:
+        row = self.runs_model.row_of(run_id)
+        if row is not None:
+            self._select_row(row)
+
+    def select_runs(self, run_ids: list[int]) -> None:
+        sel = self.runs_view.selectionModel()
+        sel.clearSelection()
+        for run_id in run_ids:
+            row = self.runs_model.row_of(run_id)
+            if row is not None:
+                sel.select(self.runs_model.index(row, 0),
+                           QItemSelectionModel.SelectionFlag.Select | QItemSelectionModel.SelectionFlag.Rows)
+        if run_ids:
+            row = self.runs_model.row_of(run_ids[0])
+            if row is not None:
+                sel.setCurrentIndex(self.runs_model.index(row, 0), QItemSelectionModel.SelectionFlag.NoUpdate)
+                self._show_run(run_ids[0])
+
+    def selected_ids(self) -> list[int]:
+        rows = sorted({i.row() for i in self.runs_view.selectionModel().selectedRows()})
+        return [self.runs_model.run_at(r)["id"] for r in rows]
+
+    def _current_changed(self, current: QModelIndex, _previous: QModelIndex) -> None:
+        if current.isValid():
+            self._show_run(self.runs_model.run_at(current.row())["id"])
+
+    def _selection_changed(self) -> None:
+        if self.tabs.currentWidget() is self.compare:
+            self.compare_selected(switch=False)
+
+    def _tab_changed(self, _index: int) -> None:
+        if self.tabs.currentWidget() is self.compare:
+            self.compare_selected(switch=False)
+        elif self.tabs.currentWidget() is self.votes and self.current_run_id is not None:
+            self._show_votes(self.current_run_id)
+
+    def data_for(self, run_id: int) -> RunData:
+        """The run's curves: live ones while the window follows it, else replayed from the store."""
+        data = self.run_data.get(run_id)
+        if data is None or (not self.client.is_active(run_id) and not data.finished):
+            data = RunData.from_store(self.store, run_id)
+            self.run_data[run_id] = data
+        return data
+
+    def _show_run(self, run_id: int) -> None:
+        self.current_run_id = run_id
+        try:
+            data = self.data_for(run_id)
+        except DPWError as exc:
+            self.statusBar().showMessage(describe_error(exc), 10000)
+            return
+        if self.dashboard.data is not data:
+            self.dashboard.show_run(data)
+        if self.tabs.currentWidget() is self.votes:
+            self._show_votes(run_id)
+        self._update_run_actions()
+
+    def _show_votes(self, run_id: int) -> None:
+        try:
+            run = self.store.get_run(run_id)
+        except DPWError:
+            run = None
+        self.votes.show_run(self.store, run)
+
+    def _update_run_actions(self) -> None:
+        run_id = self.current_run_id
+        active = run_id is not None and self.client.is_active(run_id)
+        self.act_stop.setEnabled(active or bool(self.client.active_ids()))
+        self.act_export.setEnabled(run_id is not None and not active)
+        self.act_report.setEnabled(run_id is not None and not active)
+
+    def _context_menu(self, pos) -> None:
+        index = self.runs_view.indexAt(pos)
+        if index.isValid() and not self.runs_view.selectionModel().isRowSelected(index.row(), QModelIndex()):
+            self._select_row(index.row())
+        menu = QMenu(self)
+        for action in (self.act_stop, self.act_export, self.act_report, self.act_reuse, self.act_compare):
+            menu.addAction(action)
+        menu.popup(self.runs_view.viewport().mapToGlobal(pos))
+
+    # ---- running -------------------------------------------------------------------------------
+    def new_run(self) -> None:
+        self.tabs.setCurrentWidget(self.form)
+        self.form.fields["name"].editor.setFocus()
+        self.form.fields["name"].editor.selectAll()
+
+    def start_run(self, config: RunConfig) -> int | None:
+        try:
+            run_id = self.client.submit(config)
+        except Exception as exc:
+            QMessageBox.warning(self, "Cannot start the run", describe_error(exc))
+            return None
+        data = RunData(run_id=run_id, name=config.name, mechanism=config.mechanism, status="queued",
+                       config=config.to_dict())
+        self.run_data[run_id] = data
+        self.settings.set_json("setup/texts", self.form.texts())
+        self.refresh_runs()
+        self.select_run(run_id)
+        self.tabs.setCurrentWidget(self.dashboard)
+        waiting = len(self.client.queue)
+        self.statusBar().showMessage(
+            f"Run {run_id} ({config.name}) " + (f"queued ({waiting} waiting)" if run_id in self.client.queue
+                                                 else "started"), 5000)
+        return run_id
+
+    def stop_run(self) -> None:
+        run_id = self.current_run_id
+        if run_id is None or not self.client.is_active(run_id):
+            active = self.client.active_ids()
+            if not active:
+                return
+            run_id = active[0]
+        self.client.stop(run_id)
+        self.statusBar().showMessage(f"Stopping run {run_id} after its current step…", 5000)
+
+    def _on_events(self, run_id: int, events: list) -> None:
+        data = self.run_data.get(run_id)
+        if data is None:
+            data = self.run_data[run_id] = RunData(run_id=run_id)
+        refresh = False
+        for event in events:
+            data.apply(event)
+            kind = event["type"]
+            if kind in ("started", "finished"):
+                refresh = True
+            elif kind == "error":
+                self.statusBar().showMessage(f"Run {run_id}: {event.get('message', 'error')}", 15000)
+        if refresh:
+            self.refresh_runs()
+
+    def _on_run_ended(self, run_id: int, status: str) -> None:
+        self.refresh_runs()
+        data = self.run_data.get(run_id)
+        if data is not None and not data.finished:
+            data.status = status
+            data.finished = True
+            data.version += 1
+        if status != "failed":
+            self.statusBar().showMessage(f"Run {run_id} {status}", 8000)
+        self._update_run_actions()
+        if run_id == self.current_run_id and self.tabs.currentWidget() is self.votes:
+            self._show_votes(run_id)
+
+    def _on_run_lost(self, run_id: int, message: str, hint: str) -> None:
+        data = self.run_data.get(run_id)
+        if data is not None:
+            data.fail(message, hint)
+        self.statusBar().showMessage(f"Run {run_id} failed: {message}", 20000)
+
+    def _update_queue_label(self) -> None:
+        running, waiting = len(self.client.jobs), len(self.client.queue)
+        if running or waiting:
+            self.queue_label.setText(f"{running} running, {waiting} queued")
+        else:
+            self.queue_label.setText("")
+        self._update_run_actions()
+
+    # ---- compare, export, report ---------------------------------------------------------------
+    def compare_selected(self, switch: bool = True) -> None:
+        ids = self.selected_ids()
+        rows = self.runs_model.rows
+        chosen = []
+        for run_id in ids:
+            row = next((r for r in rows if r["id"] == run_id), None)
+            if row is not None:
+                chosen.append((row, self.data_for(run_id)))
+        self.compare.show_runs(chosen, rows)
+        if switch:
+            self.tabs.setCurrentWidget(self.compare)
+
+    def _current_row(self) -> dict[str, Any] | None:
+        if self.current_run_id is None:
+            return None
+        try:
+            return self.store.get_run(self.current_run_id)
+        except DPWError:
+            return None
+
+    def export_run(self) -> ExportDialog | None:
+        run = self._current_row()
+        if run is None:
+            return None
+        dialog = ExportDialog(self.store.path, run, self)
+        dialog.open()
+        return dialog
+
+    def report_run(self) -> ReportDialog | None:
+        run = self._current_row()
+        if run is None:
+            return None
+        dialog = ReportDialog(self.store.path, run, self)
+        dialog.open()
+        return dialog
+
+    def reuse_config(self) -> None:
+        run = self._current_row()
+        if run is None:
+            return
+        try:
+            self.form.load_config(RunConfig.from_dict(run["config"]))
+        except DPWError as exc:
+            QMessageBox.warning(self, "Cannot load this run's config", describe_error(exc))
+            return
+        self.tabs.setCurrentWidget(self.form)
+
+    # ---- config files --------------------------------------------------------------------------
+    def open_config(self, path: str | None = None) -> bool:
+        if path is None:
+            start = self.settings.text("setup/folder", str(Path.cwd()))
+            path, _ = QFileDialog.getOpenFileName(self, "Open run config", start, TOML_FILTER)
+            if not path:
+                return False
+        try:
+            config = RunConfig.load_toml(path)
+        except DPWError as exc:
+            QMessageBox.warning(self, "Cannot load the config", describe_error(exc))
+            return False
+        self.form.load_config(config)
+        self.settings.set_text("setup/folder", str(Path(path).parent))
+        self.tabs.setCurrentWidget(self.form)
+        self.statusBar().showMessage(f"Loaded {path}", 5000)
+        return True
+
+    def save_config(self, path: str | None = None) -> bool:
+        try:
+            config = self.form.config()
+        except DPWError as exc:
+            QMessageBox.warning(self, "The config is not valid yet", describe_error(exc))
+            return False
+        if path is None:
+            start = Path(self.settings.text("setup/folder", str(Path.cwd()))) / f"{config.name}.toml"
+            path, _ = QFileDialog.getSaveFileName(self, "Save run config", str(start), TOML_FILTER)
+            if not path:
+                return False
+        config.save_toml(path)
+        self.settings.set_text("setup/folder", str(Path(path).parent))
+        self.statusBar().showMessage(f"Saved {path}", 5000)
+        return True
+
+
+__all__ = ["MainWindow"]

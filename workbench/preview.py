@@ -1,0 +1,139 @@
+"""Live privacy-cost preview: what the settings imply, computed off the GUI thread.
+
+The numbers come from the engine's pure privacy functions (numpy/scipy, no torch):
+DP-SGD: the epsilon the noise multiplier reaches after the planned steps, or the noise
+multiplier a target epsilon calls for; PATE: the data-independent bound if every query were
+answered. Requests are debounced, and a result that arrives after newer input is dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from PySide6.QtCore import QObject, QRunnable, QThreadPool, QTimer, Signal
+
+from engine.config import RunConfig
+from workbench.form_state import DataSize
+
+DEBOUNCE_MS = 250
+
+
+def estimate(config: RunConfig, size: DataSize) -> str:
+    """One or two lines of text for the preview (runs in a worker thread)."""
+    about = "" if size.exact else "≈ "
+    if config.mechanism == "none":
+        return "Non-private baseline: no privacy guarantee (ε = ∞)."
+    if config.mechanism == "pate":
+        return _pate(config, size)
+    from engine.privacy.accountants import calibrate_noise_multiplier, dpsgd_epsilon, max_steps_within_budget
+
+    q = config.sample_rate_for(size.num_train)
+    steps = config.steps_for(size.num_train)
+    plan = f"N {about}{size.num_train:,}, sampling rate q = {q:.4g}, {steps:,} steps"
+    if config.noise_multiplier is not None:
+        sigma = config.noise_multiplier
+        eps = dpsgd_epsilon(sample_rate=q, noise_multiplier=sigma, steps=steps, delta=config.delta,
+                            accountant=config.accountant).value
+        text = f"ε = {eps:.3g} at δ = {config.delta:g} after training ({config.accountant}); {plan}."
+    else:
+        try:
+            sigma = calibrate_noise_multiplier(sample_rate=q, steps=steps, target_epsilon=config.target_epsilon,
+                                               delta=config.delta, accountant=config.accountant)
+        except ValueError as exc:
+            return f"Cannot calibrate: {exc}"
+        text = (f"Noise multiplier σ = {sigma:.3f} reaches ε = {config.target_epsilon:g} at δ = {config.delta:g} "
+                f"({config.accountant}); {plan}.")
+    if config.epsilon_budget is not None:
+        allowed = max_steps_within_budget(sample_rate=q, noise_multiplier=sigma, delta=config.delta,
+                                          budget=config.epsilon_budget, accountant=config.accountant, upper=steps)
+        if allowed < steps:
+            text += f"\nThe budget ε = {config.epsilon_budget:g} stops training after {allowed:,} of {steps:,} steps."
+    return text
+
+
+def _pate(config: RunConfig, size: DataSize) -> str:
+    """Data-independent epsilon of answering every query (the data-dependent one is usually far
+    smaller and known only once the teachers vote)."""
+    from engine.privacy import pate
+    from engine.privacy.rdp import rdp_to_epsilon
+
+    orders = pate.PATE_ORDERS
+    if config.aggregator == "lnmax":
+        per = pate.lnmax_rdp_data_independent(laplace_scale=config.laplace_scale, orders=orders)
+    elif config.aggregator == "gnmax":
+        per = pate.gnmax_rdp_data_independent(sigma=config.gnmax_sigma, orders=orders)
+    else:
+        per = (pate.threshold_rdp_data_independent(sigma1=config.sigma1, orders=orders)
+               + pate.gnmax_rdp_data_independent(sigma=config.sigma2, orders=orders))
+    eps = rdp_to_epsilon(orders=orders, rdp=config.num_queries * per, delta=config.delta).value
+    shard = size.num_train // config.num_teachers
+    value = "∞" if math.isinf(eps) else f"{eps:.3g}"
+    return (f"Data-independent bound if all {config.num_queries:,} queries were answered: ε ≤ {value} at "
+            f"δ = {config.delta:g}; the data-dependent ε (reported) is usually much smaller.\n"
+            f"{config.num_teachers:,} teachers of about {shard:,} examples each.")
+
+
+class _Signals(QObject):
+    done = Signal(int, str)
+
+
+class _Job(QRunnable):
+    def __init__(self, generation: int, config: RunConfig, size: DataSize, signals: _Signals):
+        super().__init__()
+        self.generation, self.config, self.size, self.signals = generation, config, size, signals
+
+    def run(self) -> None:
+        try:
+            text = estimate(self.config, self.size)
+        except Exception as exc:  # the preview never takes the window down
+            text = f"No estimate: {exc}"
+        self.signals.done.emit(self.generation, text)
+
+
+class CostPreview(QObject):
+    """Debounced estimates; `ready(text)` carries the newest one."""
+
+    ready = Signal(str)
+
+    def __init__(self, parent: QObject | None = None):
+        super().__init__(parent)
+        self.pool = QThreadPool(self)
+        self.pool.setMaxThreadCount(1)
+        self._signals = _Signals(self)
+        self._signals.done.connect(self._done)
+        self._generation = 0
+        self._pending: tuple[Any, Any] | None = None
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(DEBOUNCE_MS)
+        self._timer.timeout.connect(self._launch)
+        self.busy = False
+        self._jobs: list[_Job] = []
+
+    def request(self, config: RunConfig | None, size: DataSize | None, reason: str = "") -> None:
+        self._generation += 1
+        if config is None or size is None:
+            self._timer.stop()
+            self._pending = None
+            self.ready.emit(reason)
+            return
+        self._pending = (config, size)
+        self._timer.start()
+
+    def _launch(self) -> None:
+        if self._pending is None:
+            return
+        config, size = self._pending
+        self._pending = None
+        self.busy = True
+        job = _Job(self._generation, config, size, self._signals)
+        job.setAutoDelete(False)  # Python owns the job: Qt deleting a Python QRunnable is unsafe
+        self._jobs.append(job)
+        self.pool.start(job)
+
+    def _done(self, generation: int, text: str) -> None:
+        self.busy = False
+        self._jobs = [job for job in self._jobs if job.generation > generation]
+        if generation == self._generation:
+            self.ready.emit(text)
