@@ -72,6 +72,8 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
         from engine.runs import prepare
 
         prepared = prepare(config, emit=emit)
+        if hasattr(prepared, "vote_sink"):  # PATE: released votes are stored batch by batch
+            prepared.vote_sink = lambda rows: store.insert_many("votes", [dict(r, run_id=run_id) for r in rows])
         phase = "training"
         if stop():
             result = None

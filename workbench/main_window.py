@@ -34,6 +34,7 @@ from workbench.settings import Settings
 from workbench.setup_form import SetupForm
 
 ICON_PATH = Path(__file__).resolve().parents[1] / "resources" / "icons" / "dp-workbench.svg"
+VOTES_REFRESH_MS = 500
 LIST_REFRESH_MS = 1500
 TOML_FILTER = "Run configs (*.toml)"
 
@@ -68,6 +69,12 @@ class MainWindow(QMainWindow):
         self.list_timer.setInterval(LIST_REFRESH_MS)
         self.list_timer.timeout.connect(self._periodic_refresh)
         self.list_timer.start()
+        # Votes are stored batch by batch while a PATE run answers queries; re-read them at most
+        # twice a second while the votes tab shows that run.
+        self.votes_timer = QTimer(self)
+        self.votes_timer.setSingleShot(True)
+        self.votes_timer.setInterval(VOTES_REFRESH_MS)
+        self.votes_timer.timeout.connect(self._refresh_live_votes)
 
         self.probe = EngineProbe(self)
         self.probe.ready.connect(self._on_probe)
@@ -392,8 +399,14 @@ class MainWindow(QMainWindow):
                 refresh = True
             elif kind == "error":
                 self.statusBar().showMessage(f"Run {run_id}: {event.get('message', 'error')}", 15000)
+            elif kind == "vote_batch" and run_id == self.current_run_id and not self.votes_timer.isActive():
+                self.votes_timer.start()
         if refresh:
             self.refresh_runs()
+
+    def _refresh_live_votes(self) -> None:
+        if self.current_run_id is not None and self.tabs.currentWidget() is self.votes:
+            self._show_votes(self.current_run_id)
 
     def _on_run_ended(self, run_id: int, status: str) -> None:
         self.refresh_runs()

@@ -85,8 +85,8 @@ class VotesView(QWidget):
         self.rows = store.votes(run["id"])
         if not self.rows:
             if run["status"] in ("queued", "running"):
-                self.info.setText(f"Run {run['id']} ({run['name']}) is {run['status']}: its votes are stored once "
-                                  "the teachers have answered the student's queries; the dashboard shows the counts live.")
+                self.info.setText(f"Run {run['id']} ({run['name']}) is {run['status']}: the teachers have not "
+                                  "answered yet; their votes appear here batch by batch as they are released.")
             else:
                 self.info.setText(f"Run {run['id']} ({run['name']}) has no stored votes "
                                   f"(status {run['status']}: the teachers never answered).")

@@ -91,6 +91,7 @@ class PATEResult:
     epsilon_released: float | None = None
     student: StudentResult | None = None
     vote_rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    vote_rows_stored: int = 0  # how many of vote_rows the vote sink has already written
 
     @property
     def epsilon(self) -> Epsilon | None:
@@ -114,6 +115,9 @@ class PreparedPATERun:
     y_pool: torch.Tensor
     x_holdout: torch.Tensor
     y_holdout: torch.Tensor
+    # Called with each batch of vote rows as soon as it is released (the runner writes them to the
+    # store, so a window can show recent votes live and a killed run keeps what it released).
+    vote_sink: Callable[[list[dict[str, Any]]], None] | None = None
 
     @property
     def num_queries(self) -> int:
@@ -272,6 +276,9 @@ class PreparedPATERun:
                         "epsilon_after": float(eps_dd[i]),
                     })
                     previous = float(eps_dd[i])
+                if self.vote_sink is not None:
+                    self.vote_sink(result.vote_rows[result.vote_rows_stored:])
+                    result.vote_rows_stored = len(result.vote_rows)
                 n_ok = int(released.answered[b0:b1].sum())
                 emit("vote_batch", first_query=start + b0, count=b1 - b0, answered=n_ok, rejected=b1 - b0 - n_ok)
                 emit("privacy", step=start + b1, epsilon=float(eps_dd[b1 - 1]), delta=config.delta,
@@ -388,12 +395,14 @@ class PreparedPATERun:
         """Write the vote rows, save the student as an artifact; return the run's summary."""
         if result is None:
             return {"stop_reason": "stopped"}
-        if result.vote_rows:
+        unstored = result.vote_rows[result.vote_rows_stored:]
+        if unstored:
             # The runner's emit is its EventWriter's bound method, which knows the run id.
             run_id = getattr(getattr(emit, "__self__", None), "run_id", None)
             if run_id is None:
                 raise ValueError("finish() needs the runner's EventWriter.emit to know which run the votes belong to")
-            store.insert_many("votes", [dict(row, run_id=run_id) for row in result.vote_rows])
+            store.insert_many("votes", [dict(row, run_id=run_id) for row in unstored])
+            result.vote_rows_stored = len(result.vote_rows)
         summary = self.summary(result)
         if result.student is None:
             return summary

@@ -128,6 +128,28 @@ def test_budget_stops_answering_before_the_query_that_would_exceed_it(tmp_path, 
     assert any(f"stopped before query {len(votes) + 1}" in w["message"] for w in warnings)
 
 
+def test_votes_are_stored_batch_by_batch_while_the_run_goes_on(tmp_path, mnist_dir):
+    # A window reading the store sees every released batch as soon as its vote_batch event arrives.
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = store.create_run(RunConfig(**small_pate(mnist_dir, teacher_epochs=2, student_epochs=1)))
+    seen = []
+
+    class Watch:
+        def write(self, line: str) -> None:
+            event = decode(line)
+            if event and event["type"] == "vote_batch":
+                stored = store.votes(run_id)
+                seen.append((event["first_query"] + event["count"], len(stored), store.get_run(run_id)["status"]))
+
+        def flush(self) -> None:
+            pass
+
+    assert execute(store, run_id, stream=Watch()) == "finished"
+    assert [s[0] for s in seen] == [100, 200, 300]
+    assert all(done == stored and status == "running" for done, stored, status in seen)
+    assert [v["query_index"] for v in store.votes(run_id)] == list(range(300))  # each query once
+
+
 def test_stopping_during_teacher_training_saves_nothing(tmp_path, mnist_dir):
     from engine.runs import prepare
 

@@ -110,3 +110,19 @@ def test_report_preview_and_save(pate_window_and_run, qtbot, tmp_path):
     assert "<html" in dialog.save(tmp_path / "report.html").read_text().lower()
     assert dialog.save(tmp_path / "pdf" / "report.pdf").read_bytes().startswith(b"%PDF")
     dialog.close()
+
+
+def test_votes_view_fills_while_the_run_goes_on(pate_window_and_run, qtbot):
+    # The student trains long enough that the votes must be shown before the run ends.
+    from engine.config import RunConfig
+
+    window, _ = pate_window_and_run
+    values = {k: v for k, v in PATE_DIGITS.items() if k != "epsilon_budget"}
+    config = RunConfig(**{**values, "name": "pate-live", "num_queries": 240, "student_epochs": 400})
+    run_id = window.start_run(config)
+    window.act_votes.trigger()
+    qtbot.waitUntil(lambda: len(window.votes.rows) == 240, timeout=RUN_TIMEOUT_MS)
+    assert not window.run_data[run_id].finished
+    assert "240 queries" in window.votes.info.text()
+    window.stop_run()
+    qtbot.waitUntil(lambda: window.run_data[run_id].finished, timeout=RUN_TIMEOUT_MS)
