@@ -26,6 +26,13 @@ ACCOUNTANT_DESCRIPTIONS = {
     "discretisation (an upper bound on epsilon)",
     "rdp": "Rényi differential privacy of the Poisson-subsampled Gaussian (Mironov et al. 2019), converted to "
     "(epsilon, delta) with the bound of Balle et al. 2020",
+    "pate-dd": "data-dependent Rényi DP analysis of PATE's noisy aggregation (Papernot et al. 2018, Theorem 6 "
+    "and the threshold check of Confident GNMax), composed over the answered queries and converted to "
+    "(epsilon, delta) at the best order; depends on the private votes",
+    "pate-di": "data-independent Rényi DP bound of PATE's noisy aggregation (Papernot et al. 2018, "
+    "Proposition 8): the worst case over all vote histograms",
+    "pate-released": "the data-dependent bound released through smooth sensitivity (Papernot et al. 2018, "
+    "Section 4.4 and Appendix C), including the cost of the release: safe to publish",
 }
 
 

@@ -70,6 +70,7 @@ class ExportDialog(QDialog):
         super().__init__(parent)
         self.store_path, self.run = store_path, run
         self.setWindowTitle(f"Export run {run['id']} ({run['name']})")
+        self.setMinimumWidth(560)
         layout = QVBoxLayout(self)
         form = QFormLayout()
         self.kind = QComboBox()
