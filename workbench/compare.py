@@ -42,6 +42,23 @@ def accuracy_vs_epsilon(data: RunData, row: dict[str, Any]) -> tuple[np.ndarray,
     return np.empty(0), np.empty(0)
 
 
+def relevant_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings that matter for the run's mechanism (a DP-SGD run has no PATE threshold)."""
+    from engine.config import field_spec
+
+    out = {}
+    for key, value in config.items():
+        if key == "schema_version":
+            continue
+        try:
+            mechanisms = field_spec(key).mechanisms
+        except KeyError:  # a setting of another config version: keep it visible
+            mechanisms = ()
+        if not mechanisms or config.get("mechanism") in mechanisms:
+            out[key] = value
+    return out
+
+
 def differing_keys(configs: list[dict[str, Any]]) -> set[str]:
     keys = set().union(*configs) if configs else set()
     return {k for k in keys if len({repr(c.get(k)) for c in configs}) > 1}
@@ -126,7 +143,7 @@ class CompareView(QWidget):
             self.scatter_plot.addItem(text)
 
     def _config_table(self, rows: list[dict[str, Any]]) -> None:
-        configs = [{k: v for k, v in (r.get("config") or {}).items() if k != "schema_version"} for r in rows]
+        configs = [relevant_settings(r.get("config") or {}) for r in rows]
         keys = sorted(set().union(*configs)) if configs else []
         differ = differing_keys(configs)
         keys = sorted(differ) + [k for k in keys if k not in differ]  # differences first

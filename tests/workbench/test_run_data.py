@@ -50,3 +50,16 @@ def test_consensus_is_the_top_vote_share():
     votes = np.array([[8, 1, 1], [4, 3, 3]])
     assert list(consensus(votes)) == [0.8, 0.4]
     assert list(running_mean(np.array([1.0, 3.0, 5.0]), 2)) == [1.0, 2.0, 4.0]
+
+
+def test_compare_shows_only_the_settings_of_each_runs_mechanism():
+    from engine.config import RunConfig
+    from workbench.compare import differing_keys, relevant_settings
+
+    dpsgd = relevant_settings(RunConfig(mechanism="dpsgd", noise_multiplier=1.1).to_dict())
+    pate = relevant_settings(RunConfig(mechanism="pate").to_dict())
+    assert "noise_multiplier" in dpsgd and "threshold" not in dpsgd and "num_teachers" not in dpsgd
+    assert "threshold" in pate and "clipping_norm" not in pate
+    assert "schema_version" not in dpsgd
+    # A PATE-only setting differs between a DP-SGD and a PATE run (absent vs set).
+    assert {"mechanism", "threshold"} <= differing_keys([dpsgd, pate])
