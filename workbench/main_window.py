@@ -35,6 +35,7 @@ from workbench.setup_form import SetupForm
 
 ICON_PATH = Path(__file__).resolve().parents[1] / "resources" / "icons" / "dp-workbench.svg"
 VOTES_REFRESH_MS = 500
+FIRST_CONFIG = Path(__file__).resolve().parents[1] / "resources" / "examples" / "dpsgd-mnist-quick.toml"
 LIST_REFRESH_MS = 1500
 TOML_FILTER = "Run configs (*.toml)"
 
@@ -199,6 +200,11 @@ class MainWindow(QMainWindow):
         texts = s.json("setup/texts")
         if isinstance(texts, dict):
             self.form.set_texts(texts)
+        elif FIRST_CONFIG.is_file():  # a first start: a valid, quick real run rather than a blank form
+            try:
+                self.form.load_config(RunConfig.load_toml(FIRST_CONFIG))
+            except DPWError:
+                pass
         tab = s.json("window/tab", 0)
         if isinstance(tab, int) and 0 <= tab < self.tabs.count():
             self.tabs.setCurrentIndex(tab)

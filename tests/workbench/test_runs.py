@@ -17,7 +17,7 @@ def fill(window: MainWindow, **values) -> None:
 
 
 def quick_digits(window: MainWindow, name: str, epochs: int = 2) -> None:
-    fill(window, name=name, dataset="digits", mechanism="dpsgd", noise_multiplier=1.0, target_epsilon="",
+    fill(window, name=name, dataset="digits", model="auto", mechanism="dpsgd", noise_multiplier=1.0, target_epsilon="",
          expected_batch_size=64, epochs=epochs, learning_rate=0.5, delta=1e-4, evaluations_per_epoch=2)
 
 
