@@ -107,6 +107,8 @@ class FormState:
 
     def __init__(self, values: dict[str, Any] | None = None):
         self.texts = {name: to_text(name, value) for name, value in defaults().items()}
+        # dataset -> (input shape, models that fit it), from the engine's registry via the probe
+        self.model_fits: dict[str, tuple[tuple[int, ...], list[str]]] = {}
         if values:
             self.set_values(values)
 
@@ -163,11 +165,29 @@ class FormState:
             errors.setdefault(error.field, error)
         if errors:
             return errors
-        if size is not None:
+        errors.update(self.model_errors(values))
+        if size is not None and not errors:
             try:
                 RunConfig.from_dict(values).check_against_dataset(size.num_train, size.num_test)
             except ConfigError as error:
                 errors[error.field] = error
+        return errors
+
+    def model_errors(self, values: dict[str, Any]) -> dict[str, ConfigError]:
+        """A chosen model that does not fit the registered dataset's inputs (the engine would refuse
+        it when the run starts)."""
+        known = self.model_fits.get(str(values.get("dataset") or "").strip().lower())
+        if known is None:
+            return {}
+        shape, fits = known
+        fields = ["model"] + (["teacher_model"] if values.get("mechanism") == "pate" else [])
+        errors = {}
+        for name in fields:
+            model = values.get(name)
+            if model and model != "auto" and model not in fits:
+                errors[name] = ConfigError(
+                    name, f"{model!r} does not fit {values['dataset']!r} (inputs of shape {tuple(shape)})",
+                    hint="models that fit: " + ", ".join(["auto", *fits]))
         return errors
 
     def config(self) -> RunConfig:

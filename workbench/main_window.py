@@ -242,6 +242,8 @@ class MainWindow(QMainWindow):
         models = ["auto"] + [m["name"] for m in result.get("models", [])]
         self.form.set_choices("model", models)
         self.form.set_choices("teacher_model", models)
+        self.form.set_model_fits({d["name"]: (tuple(d["input_shape"]), d["models"])
+                                  for d in result.get("datasets", []) if d.get("models") is not None})
 
     # ---- runs list -----------------------------------------------------------------------------
     def refresh_runs(self) -> None:

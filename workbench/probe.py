@@ -18,7 +18,7 @@ def probe() -> dict[str, Any]:
     import torch
 
     from engine.datasets import find_missing_files, list_datasets
-    from engine.models import list_models
+    from engine.models import list_models, models_for
 
     cuda = bool(torch.cuda.is_available())
     datasets = []
@@ -28,7 +28,9 @@ def probe() -> dict[str, Any]:
         except Exception:  # a data folder we cannot read is the runner's to report
             missing = []
         datasets.append({"name": info.name, "kind": info.kind, "description": info.description,
-                         "needs_files": info.needs_files, "missing": missing})
+                         "needs_files": info.needs_files, "missing": missing,
+                         "input_shape": list(info.input_shape) if info.input_shape else None,
+                         "models": models_for(tuple(info.input_shape)) if info.input_shape else None})
     return {
         "device": "cuda" if cuda else "cpu",
         "device_name": torch.cuda.get_device_name(0) if cuda else "",

@@ -224,6 +224,11 @@ class SetupForm(QWidget):
             f.set_text(self.state.texts[name])
         self._apply_mechanism()
 
+    def set_model_fits(self, fits: dict[str, tuple[tuple[int, ...], list[str]]]) -> None:
+        """Which models fit each registered dataset (from the engine probe); revalidates."""
+        self.state.model_fits = dict(fits)
+        self.revalidate()
+
     def set_choices(self, name: str, items: list[str]) -> None:
         """Fill an editable combo (datasets, models) with the engine's registry."""
         editor = self.fields[name].editor

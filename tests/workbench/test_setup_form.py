@@ -112,3 +112,24 @@ def test_form_state_keeps_hidden_invalid_fields_out_of_the_way():
     state.set_text("noise_multiplier", "nonsense")  # a DP-SGD field, hidden for PATE
     assert "noise_multiplier" not in state.errors()
     assert state.config().mechanism == "pate"
+
+
+def test_a_model_that_does_not_fit_the_dataset_is_marked_at_its_field(form):
+    # The fits come from the engine's registry (what `python -m workbench.probe` reports).
+    from workbench.probe import probe
+
+    registry = probe()
+    form.set_model_fits({d["name"]: (tuple(d["input_shape"]), d["models"]) for d in registry["datasets"]
+                         if d["models"] is not None})
+    form.set_value("noise_multiplier", "1.1")
+    form.set_value("dataset", "digits")
+    form.set_value("model", "mnist_cnn")
+    assert not form.start_button.isEnabled()
+    text = form.fields["model"].error.text()
+    assert "'mnist_cnn' does not fit 'digits'" in text and "(1, 8, 8)" in text
+    assert "digits_cnn" in form.fields["model"].editor.toolTip() + text
+    form.set_value("model", "auto")
+    assert form.start_button.isEnabled()
+    form.set_value("mechanism", "pate")
+    form.set_value("teacher_model", "cifar_cnn")
+    assert "teacher_model" in form.errors and "does not fit" in form.errors["teacher_model"].message
