@@ -55,18 +55,11 @@ def estimate(config: RunConfig, size: DataSize) -> str:
 def _pate(config: RunConfig, size: DataSize) -> str:
     """Data-independent epsilon of answering every query (the data-dependent one is usually far
     smaller and known only once the teachers vote)."""
-    from engine.privacy import pate
-    from engine.privacy.rdp import rdp_to_epsilon
+    from engine.privacy.pate import epsilon_if_all_answered
 
-    orders = pate.PATE_ORDERS
-    if config.aggregator == "lnmax":
-        per = pate.lnmax_rdp_data_independent(laplace_scale=config.laplace_scale, orders=orders)
-    elif config.aggregator == "gnmax":
-        per = pate.gnmax_rdp_data_independent(sigma=config.gnmax_sigma, orders=orders)
-    else:
-        per = (pate.threshold_rdp_data_independent(sigma1=config.sigma1, orders=orders)
-               + pate.gnmax_rdp_data_independent(sigma=config.sigma2, orders=orders))
-    eps = rdp_to_epsilon(orders=orders, rdp=config.num_queries * per, delta=config.delta).value
+    eps = epsilon_if_all_answered(mechanism=config.aggregator, num_queries=config.num_queries, delta=config.delta,
+                                  sigma=config.gnmax_sigma, sigma1=config.sigma1, sigma2=config.sigma2,
+                                  laplace_scale=config.laplace_scale)
     shard = size.num_train // config.num_teachers
     value = "∞" if math.isinf(eps) else f"{eps:.3g}"
     return (f"Data-independent bound if all {config.num_queries:,} queries were answered: ε ≤ {value} at "

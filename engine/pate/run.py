@@ -445,18 +445,9 @@ def _aggregator_params(config: RunConfig) -> _AggregatorParams:
 def planned_epsilon_data_independent(config: RunConfig) -> float:
     """The data-independent epsilon if all `num_queries` queries were answered (an upper bound
     known before training)."""
-    params = _aggregator_params(config)
-    mech = params.analysis["mechanism"]
-    orders = analysis.PATE_ORDERS
-    if mech == "lnmax":
-        per = analysis.lnmax_rdp_data_independent(laplace_scale=config.laplace_scale, orders=orders)
-    elif mech == "gnmax":
-        per = analysis.gnmax_rdp_data_independent(sigma=config.gnmax_sigma, orders=orders)
-    else:
-        per = (analysis.threshold_rdp_data_independent(sigma1=config.sigma1, orders=orders)
-               + analysis.gnmax_rdp_data_independent(sigma=config.sigma2, orders=orders))
-    rdp = config.num_queries * per
-    return float(analysis.epsilon_after_each(rdp_per_query=rdp[None, :], orders=orders, delta=config.delta)[0])
+    return analysis.epsilon_if_all_answered(num_queries=config.num_queries, delta=config.delta,
+                                            **{k: v for k, v in _aggregator_params(config).analysis.items()
+                                               if k != "threshold"})
 
 
 def prepare_pate(config: RunConfig, data: Dataset, *, emit: Emit = _noop) -> PreparedPATERun:

@@ -65,6 +65,7 @@ __all__ = [
     "epsilon_after_each",
     "queries_within_budget",
     "pate_epsilon",
+    "epsilon_if_all_answered",
 ]
 
 MECHANISMS = ("gnmax", "confident", "lnmax")
@@ -668,3 +669,21 @@ def _to_epsilon(alphas: np.ndarray, rdp: np.ndarray, delta: float) -> Epsilon:
     if rdp.size and np.all(rdp == 0):
         return Epsilon(0.0, delta, "rdp", None)
     return rdp_to_epsilon(orders=alphas, rdp=rdp, delta=delta)
+
+
+def epsilon_if_all_answered(*, mechanism: str, num_queries: int, delta: float, sigma: float | None = None,
+                            sigma1: float | None = None, sigma2: float | None = None,
+                            laplace_scale: float | None = None, orders=PATE_ORDERS) -> float:
+    """The data-independent epsilon of answering all `num_queries` queries: a bound known before
+    any teacher votes (Confident GNMax pays the threshold check and GNMax for every query)."""
+    alphas = _orders(orders)
+    if mechanism == "lnmax":
+        per = lnmax_rdp_data_independent(laplace_scale=_require("laplace_scale", laplace_scale), orders=alphas)
+    elif mechanism == "gnmax":
+        per = gnmax_rdp_data_independent(sigma=_require("sigma", sigma), orders=alphas)
+    elif mechanism == "confident":
+        per = (threshold_rdp_data_independent(sigma1=_require("sigma1", sigma1), orders=alphas)
+               + gnmax_rdp_data_independent(sigma=_require("sigma2", sigma2), orders=alphas))
+    else:
+        raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}; got {mechanism!r}")
+    return _to_epsilon(alphas, int(num_queries) * per, _delta(delta)).value

@@ -308,3 +308,27 @@ def test_bad_arguments_are_named():
         pate.query_costs(votes=[[3, 1]], mechanism="rnm")
     with pytest.raises(ValueError, match="threshold"):
         pate.query_costs(votes=[[3, 1]], mechanism="confident", sigma1=1.0, sigma2=1.0)
+
+
+@pytest.mark.parametrize("mechanism, params", [
+    ("gnmax", {"sigma": 40.0}),
+    ("confident", {"threshold": 200.0, "sigma1": 150.0, "sigma2": 40.0}),
+    ("lnmax", {"laplace_scale": 20.0}),
+])
+def test_epsilon_if_all_answered_is_the_data_independent_bound_of_answering_everything(mechanism, params):
+    votes = synthetic_votes(np.random.default_rng(3), 500)
+    answered = np.ones(500, bool) if mechanism == "confident" else None
+    res = pate.pate_epsilon(votes=votes, mechanism=mechanism, delta=1e-5, answered=answered, **params)
+    planned = pate.epsilon_if_all_answered(mechanism=mechanism, num_queries=500, delta=1e-5,
+                                           **{k: v for k, v in params.items() if k != "threshold"})
+    assert planned == pytest.approx(res.epsilon_data_independent, rel=1e-12)
+    assert res.epsilon_data_dependent <= planned
+
+
+def test_epsilon_if_all_answered_gnmax_closed_form():
+    orders = pate.PATE_ORDERS
+    expected = cks_epsilon(orders, 300 * orders / 1600.0, 1e-5)
+    assert pate.epsilon_if_all_answered(mechanism="gnmax", num_queries=300, sigma=40.0, delta=1e-5) == \
+        pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match="sigma2 is needed"):
+        pate.epsilon_if_all_answered(mechanism="confident", num_queries=3, sigma1=1.0, delta=1e-5)
