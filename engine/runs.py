@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch import nn
 
 from engine.config import RunConfig
 from engine.datasets import Dataset, load_dataset
@@ -87,24 +88,33 @@ class PreparedRun:
         summary["per_class_accuracy"] = per_class_accuracy(
             trainer.predict(self.model, self.data.x_test.to(self.device)).cpu(), self.data.y_test, self.data.class_names
         )
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / "model.pt"
-        torch.save(
-            {
-                "state_dict": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
-                "model": self.model_name,
-                "input_shape": list(self.data.input_shape),
-                "num_classes": self.data.num_classes,
-                "normalization": self.data.normalization,
-                "class_names": list(self.data.class_names),
-                "config": self.config.to_dict(),
-            },
-            path,
-        )
-        from engine.runner import sha256_of
-
-        emit("artifact", kind="model", path=str(path), sha256=sha256_of(path))
+        save_model_artifact(self.model, model_name=self.model_name, data=self.data, config=self.config,
+                            out_dir=out_dir, emit=emit)
         return summary
+
+
+def save_model_artifact(model: nn.Module, *, model_name: str, data: Dataset, config: RunConfig, out_dir: Path,
+                        emit: Emit) -> Path:
+    """Save the released model with what it needs to be rebuilt and used (architecture, input shape,
+    normalization, class names, config) as `model.pt`, and announce it as an `artifact` event."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "model.pt"
+    torch.save(
+        {
+            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "model": model_name,
+            "input_shape": list(data.input_shape),
+            "num_classes": data.num_classes,
+            "normalization": data.normalization,
+            "class_names": list(data.class_names),
+            "config": config.to_dict(),
+        },
+        path,
+    )
+    from engine.runner import sha256_of
+
+    emit("artifact", kind="model", path=str(path), sha256=sha256_of(path))
+    return path
 
 
 def software_versions() -> dict[str, str]:

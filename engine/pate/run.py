@@ -406,23 +406,13 @@ class PreparedPATERun:
         summary = self.summary(result)
         if result.student is None:
             return summary
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / "model.pt"
-        torch.save(
-            {
-                "state_dict": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
-                "model": self.model_name,
-                "input_shape": list(self.data.input_shape),
-                "num_classes": self.data.num_classes,
-                "normalization": self.data.normalization,
-                "class_names": list(self.data.class_names),
-                "config": self.config.to_dict(),
-            },
-            path,
-        )
-        from engine.runner import sha256_of
+        from engine.dpsgd.trainer import predict
+        from engine.runs import per_class_accuracy, save_model_artifact
 
-        emit("artifact", kind="model", path=str(path), sha256=sha256_of(path))
+        summary["per_class_accuracy"] = per_class_accuracy(
+            predict(self.model, self.x_holdout.to(self.device)).cpu(), self.y_holdout, self.data.class_names)
+        save_model_artifact(self.model, model_name=self.model_name, data=self.data, config=self.config,
+                            out_dir=out_dir, emit=emit)
         return summary
 
 

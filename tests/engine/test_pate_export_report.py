@@ -55,7 +55,7 @@ def test_exporting_the_teachers_of_a_pate_run_is_refused(pate_run, tmp_path):
 
 
 def test_pate_report_states_every_epsilon_and_agrees_with_the_store(pate_run, tmp_path):
-    store, run_id, _ = pate_run
+    store, run_id, prepared = pate_run
     run = store.get_run(run_id)
     summary = run["summary"]
     report = json.loads(write_report(store, run_id, tmp_path / "r.json").read_text())
@@ -70,6 +70,11 @@ def test_pate_report_states_every_epsilon_and_agrees_with_the_store(pate_run, tm
     assert "not safe to publish" in report["guarantee"]["statement"]
     assert f"{pate['epsilon_released']:.4g}" in report["guarantee"]["statement"]
     assert 0.5 < pate["teacher_accuracy_mean"] <= 1
+    per_class = report["utility"]["per_class_accuracy"]
+    assert set(per_class) == {str(c) for c in range(10)}
+    counts = torch.bincount(prepared.y_holdout, minlength=10).numpy()
+    weighted = sum(per_class[str(c)] * counts[c] for c in range(10) if counts[c]) / counts.sum()
+    assert weighted == pytest.approx(run["accuracy"])
 
 
 def test_default_pate_report_has_no_vote_histograms(pate_run):
