@@ -200,6 +200,7 @@ def prepare(config: RunConfig, *, emit: Emit = _noop) -> PreparedRun:
         accountant=plan.accountant if plan.private else None,
         epsilon_budget=config.epsilon_budget,
         software=software_versions(),
+        threads=torch.get_num_threads(),
     )
     if plan.steps_allowed < plan.steps_planned:
         emit(

@@ -455,8 +455,12 @@ def prepare_pate(config: RunConfig, data: Dataset, *, emit: Emit = _noop) -> Pre
     model = build_model(model_name, input_shape=data.input_shape, num_classes=data.num_classes)
     device = resolve_device(config.device)
     shard = data.num_train // config.num_teachers
+    from engine.runs import software_versions
+
     emit(
         "plan",
+        software=software_versions(),
+        threads=torch.get_num_threads(),
         mechanism="pate",
         model=model_name,
         teacher_model=teacher_name,

@@ -68,6 +68,7 @@ def test_pate_report_states_every_epsilon_and_agrees_with_the_store(pate_run, tm
     assert pate["epsilon_released"] == summary["epsilon_released"] > 0
     assert report["guarantee"]["epsilon_released"] == pate["epsilon_released"]
     assert "not safe to publish" in report["guarantee"]["statement"]
+    assert {"torch", "numpy", "python", "dp-workbench"} <= set(report["software"])
     assert f"{pate['epsilon_released']:.4g}" in report["guarantee"]["statement"]
     assert 0.5 < pate["teacher_accuracy_mean"] <= 1
     per_class = report["utility"]["per_class_accuracy"]

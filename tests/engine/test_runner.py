@@ -185,3 +185,36 @@ def test_target_epsilon_is_met_by_the_calibrated_noise(tmp_path):
     assert run["epsilon"] > 1.9  # calibrated to the target, not far below it
     plan = next(e for e in store.events(run_id) if e["type"] == "plan")
     assert plan["noise_calibrated"] is True and plan["noise_multiplier"] == run["noise_multiplier"]
+
+
+def test_concurrent_runners_share_the_cores(tmp_path, monkeypatch):
+    from engine.runner import threads_for
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("DPW_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    store, first = queue(tmp_path, name="a", dataset="digits", noise_multiplier=1.0)
+    second = store.create_run(RunConfig(name="b", dataset="digits", noise_multiplier=1.0))
+    assert threads_for(store, first) == 8  # alone: every core
+    store.mark_running(second)  # a live runner (this process's pid) on the same store
+    assert threads_for(store, first) == 4
+    monkeypatch.setenv("DPW_THREADS", "3")
+    assert threads_for(store, first) == 3
+    monkeypatch.setenv("DPW_THREADS", "many")
+    with pytest.raises(Exception, match="DPW_THREADS='many' is not a whole number"):
+        threads_for(store, first)
+    monkeypatch.delenv("DPW_THREADS")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert threads_for(store, first) is None  # the user's OpenMP setting stands
+
+
+def test_the_runner_records_its_thread_count(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPW_THREADS", "1")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    store, run_id = queue(tmp_path, name="t", dataset="digits", noise_multiplier=1.0, epochs=1,
+                          expected_batch_size=64)
+    proc = subprocess.run([sys.executable, "-m", "engine.runner", str(run_id), "--db", str(store.path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=300, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    plan = next(e for e in store.events(run_id) if e["type"] == "plan")
+    assert plan["threads"] == 1
