@@ -76,13 +76,19 @@ class VotesView(QWidget):
         grid.setColumnStretch(1, 2)
 
     def show_run(self, store: Any, run: dict[str, Any] | None) -> None:
+        """Show `run`'s votes; for the run already shown, read only the rows stored since (a live
+        PATE run adds a batch at a time)."""
+        same_run = self.run is not None and run is not None and self.run["id"] == run["id"] and self.rows
         self.run = run
-        self.rows = []
         if run is None or run.get("mechanism") != "pate":
+            self.rows = []
             self.info.setText("Select a PATE run to see its teachers' votes.")
             self._clear()
             return
-        self.rows = store.votes(run["id"])
+        if same_run:
+            self.rows = self.rows + store.votes(run["id"], start=self.rows[-1]["query_index"] + 1)
+        else:
+            self.rows = store.votes(run["id"])
         if not self.rows:
             if run["status"] in ("queued", "running"):
                 self.info.setText(f"Run {run['id']} ({run['name']}) is {run['status']}: the teachers have not "
