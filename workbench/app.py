@@ -20,6 +20,20 @@ def qt_binding_problem() -> str | None:
     return None
 
 
+def display_problem(environ=None) -> str | None:
+    """On Linux, Qt aborts with a long plugin message when there is no screen to open a window
+    on; say what to do instead."""
+    import os
+
+    env = os.environ if environ is None else environ
+    if not sys.platform.startswith("linux") or env.get("QT_QPA_PLATFORM"):
+        return None
+    if env.get("DISPLAY") or env.get("WAYLAND_DISPLAY"):
+        return None
+    return ("no display to open the window on (neither DISPLAY nor WAYLAND_DISPLAY is set); "
+            "on a server use `xvfb-run dpw gui`, or the CLI (`dpw run`, `dpw list`, `dpw report`)")
+
+
 def create_app(argv: list[str] | None = None):
     """The QApplication (created once), named so QSettings and the desktop file find it."""
     from PySide6.QtGui import QIcon
@@ -48,6 +62,10 @@ def main(db_path: str | Path | None = None, argv: list[str] | None = None) -> in
     problem = qt_binding_problem()
     if problem:
         print(f"warning: {problem}", file=sys.stderr)
+    no_display = display_problem()
+    if no_display:
+        print(f"error: {no_display}", file=sys.stderr)
+        return 2
     app = create_app(argv)
     from PySide6.QtWidgets import QMessageBox
 

@@ -48,3 +48,19 @@ def test_status_bar_names_the_engine_device(window, qtbot):
     # the dataset list comes from the engine's registry
     combo = window.form.fields["dataset"].editor
     assert "breast-cancer" in [combo.itemText(i) for i in range(combo.count())]
+
+
+def test_no_display_gets_a_clear_message_instead_of_a_qt_abort(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from workbench.app import display_problem
+
+    assert display_problem({"DISPLAY": ":0"}) is None
+    assert display_problem({"QT_QPA_PLATFORM": "offscreen"}) is None
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    proc = subprocess.run([sys.executable, "-m", "engine.cli", "gui", "--db", str(tmp_path / "runs.sqlite")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2
+    assert "no display" in proc.stderr and "xvfb-run dpw gui" in proc.stderr
