@@ -139,6 +139,14 @@ def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
             "PATE's data-dependent epsilon depends on the private votes and is not itself safe to publish; the "
             "released (smooth-sensitivity) epsilon is the one to state. The teachers are never released."
         )
+        if (run.get("config") or {}).get("epsilon_budget") is not None:
+            items.append(
+                "This PATE run had an epsilon budget, checked against the data-dependent epsilon after every "
+                "query: whether and where the teachers stopped answering depends on the private votes "
+                "themselves, and none of the epsilons in this report accounts for that dependence. For a "
+                "guarantee that covers it, run without a budget and choose the number of queries in advance "
+                "from public information."
+            )
     if run.get("stop_reason") == "budget":
         items.append("Training stopped early, at the epsilon budget; the model is the one after the last step taken.")
     if run["mechanism"] == "none":

@@ -100,3 +100,14 @@ def test_votes_only_on_request_and_then_flagged_at_the_top(pate_run):
     assert body.startswith("<p class='private'>THIS REPORT CONTAINS PRIVATE DATA")
     stored = np.array([v["histogram"] for v in store.votes(run_id)])
     assert np.array_equal(np.array([v["histogram"] for v in report["pate"]["votes"]]), stored)
+
+
+def test_a_budget_on_the_data_dependent_epsilon_is_named_as_a_leak_in_the_caveats(pate_run):
+    from engine.report import caveats
+
+    store, run_id, _ = pate_run
+    run = store.get_run(run_id)
+    assert run["config"].get("epsilon_budget") is None
+    assert not any("whether and where the teachers stopped" in c for c in caveats(run, {}))
+    budgeted = dict(run, config=dict(run["config"], epsilon_budget=2.0))
+    assert any("whether and where the teachers stopped" in c and "without a budget" in c for c in caveats(budgeted, {}))
