@@ -213,7 +213,9 @@ def print_summary(run_row: dict[str, Any]) -> None:
         if summary.get("epsilon_released") is not None:
             lines.append(f"  released ε     {summary['epsilon_released']:.4f} (safe to publish; the ε above depends on "
                          f"the votes; data-independent {summary.get('epsilon_data_independent', float('nan')):.4g})")
-            if (run_row.get("config") or {}).get("epsilon_budget") is not None:
+            from engine.report import budget_on_private_votes
+
+            if budget_on_private_votes(run_row):
                 lines.append("  caveat         the budget was checked against the data-dependent ε, so where the "
                              "teachers stopped depends on the private votes: no ε above covers that (see the report)")
         if summary.get("queries") is not None:

@@ -23,6 +23,7 @@ SCHEMA_VERSION = 1
 
 MECHANISMS = ("dpsgd", "pate", "none")
 PATE_AGGREGATORS = ("confident", "gnmax", "lnmax")
+PATE_BUDGET_ON = ("data-independent", "data-dependent")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 LR_SCHEDULES = ("constant", "cosine")
 DEVICES = ("auto", "cpu", "cuda")
@@ -331,6 +332,13 @@ class RunConfig:
     student_batch_size: int = _spec(
         64, label="Student batch size", help="Labeled examples per student step.", kind=int, minimum=1,
         maximum=100_000, unit="examples", mechanisms=("pate",), group="pate",
+    )
+    pate_budget_on: str = _spec(
+        "data-independent", label="PATE budget checked on",
+        help="Which epsilon the budget stops the teachers on. data-independent: where they stop depends "
+        "only on released answers, so every reported epsilon covers it. data-dependent: answers far more "
+        "queries, but where the teachers stop then depends on the private votes and no reported epsilon "
+        "covers that.", kind=str, choices=PATE_BUDGET_ON, mechanisms=("pate",), group="pate",
     )
     semi_supervised: bool = _spec(
         False, label="Semi-supervised student", help="Also learn from the whole unlabeled pool (confident "

@@ -114,6 +114,14 @@ def _plan(store: Store, run_id: int) -> dict[str, Any]:
     return next((e for e in store.events(run_id) if e["type"] == "plan"), {})
 
 
+def budget_on_private_votes(run: dict[str, Any]) -> bool:
+    """A PATE run whose budget was checked on the data-dependent epsilon (runs stored before the
+    choice existed were)."""
+    config = run.get("config") or {}
+    return (run.get("mechanism") == "pate" and config.get("epsilon_budget") is not None
+            and config.get("pate_budget_on", "data-dependent") == "data-dependent")
+
+
 def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     """What the guarantee does and does not cover, in plain words."""
     items = [
@@ -139,13 +147,14 @@ def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
             "PATE's data-dependent epsilon depends on the private votes and is not itself safe to publish; the "
             "released (smooth-sensitivity) epsilon is the one to state. The teachers are never released."
         )
-        if (run.get("config") or {}).get("epsilon_budget") is not None:
+        if budget_on_private_votes(run):
             items.append(
                 "This PATE run had an epsilon budget, checked against the data-dependent epsilon after every "
                 "query: whether and where the teachers stopped answering depends on the private votes "
                 "themselves, and none of the epsilons in this report accounts for that dependence. For a "
-                "guarantee that covers it, run without a budget and choose the number of queries in advance "
-                "from public information."
+                "guarantee that covers it, check the budget on the data-independent epsilon "
+                "(pate_budget_on = \"data-independent\"), or run without a budget and choose the number of "
+                "queries in advance from public information."
             )
     if run.get("stop_reason") == "budget":
         items.append("Training stopped early, at the epsilon budget; the model is the one after the last step taken.")

@@ -251,7 +251,14 @@ class Dashboard(QWidget):
             parts.append(f"released ε {released.last():.3g}")
         budget = data.budget
         if budget is not None:
-            left = f", {max(budget - spent, 0):.3g} left" if spent is not None else ""
+            counted = spent
+            if data.mechanism == "pate" and data.config.get("pate_budget_on", "data-dependent") == "data-independent":
+                # The budget counts the data-independent epsilon (what the engine stops on).
+                di = data.privacy.get("pate-di")
+                counted = di.last() if di is not None and len(di) else None
+                if counted is not None:
+                    parts.append(f"data-independent ε {counted:.3g}")
+            left = f", {max(budget - counted, 0):.3g} left" if counted is not None else ""
             parts.append(f"budget {budget:g}{left}")
         self.budget_label.setText("  ·  ".join(parts))
 

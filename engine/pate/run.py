@@ -246,11 +246,14 @@ class PreparedPATERun:
             real = analysis.query_costs(votes=votes, answered=released.answered, orders=orders, **params.analysis)
             allowed = len(votes)
             if config.epsilon_budget is not None:
+                # Ask the next query only if even its worst outcome (answered) stays within the budget.
                 worst = analysis.query_costs(votes=votes, answered=np.ones(len(votes), bool), orders=orders,
                                              **params.analysis)
+                on_dd = config.pate_budget_on == "data-dependent"
+                cum = cum_dd if on_dd else cum_di
                 allowed = analysis.queries_within_budget(
-                    rdp_per_query=np.vstack([cum_dd, real.data_dependent]),
-                    rdp_worst_case=np.vstack([cum_dd, worst.data_dependent]),
+                    rdp_per_query=np.vstack([cum, real.data_dependent if on_dd else real.data_independent]),
+                    rdp_worst_case=np.vstack([cum, worst.data_dependent if on_dd else worst.data_independent]),
                     orders=orders, delta=config.delta, budget=config.epsilon_budget) - 1
             eps_dd = analysis.epsilon_after_each(rdp_per_query=np.vstack([cum_dd, real.data_dependent[:allowed]]),
                                                  orders=orders, delta=config.delta)[1:]
@@ -295,7 +298,7 @@ class PreparedPATERun:
             if allowed < len(votes):
                 result.stop_reason = "budget"
                 emit("warning", message=f"stopped before query {start + allowed + 1} of {total}: it could exceed "
-                     f"the epsilon budget {config.epsilon_budget:g} (data-dependent, delta {config.delta:g})")
+                     f"the epsilon budget {config.epsilon_budget:g} ({config.pate_budget_on}, delta {config.delta:g})")
                 break
         n = result.queries_processed
         classes = self.data.num_classes

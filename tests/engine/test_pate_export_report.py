@@ -109,5 +109,7 @@ def test_a_budget_on_the_data_dependent_epsilon_is_named_as_a_leak_in_the_caveat
     run = store.get_run(run_id)
     assert run["config"].get("epsilon_budget") is None
     assert not any("whether and where the teachers stopped" in c for c in caveats(run, {}))
-    budgeted = dict(run, config=dict(run["config"], epsilon_budget=2.0))
-    assert any("whether and where the teachers stopped" in c and "without a budget" in c for c in caveats(budgeted, {}))
+    on_votes = dict(run, config=dict(run["config"], epsilon_budget=2.0, pate_budget_on="data-dependent"))
+    assert any("whether and where the teachers stopped" in c and "without a budget" in c for c in caveats(on_votes, {}))
+    safe = dict(run, config=dict(run["config"], epsilon_budget=2.0, pate_budget_on="data-independent"))
+    assert not any("whether and where the teachers stopped" in c for c in caveats(safe, {}))

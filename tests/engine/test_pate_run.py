@@ -117,7 +117,7 @@ def test_real_mnist_pate_run_through_the_runner_fills_the_votes_table(tmp_path, 
 def test_budget_stops_answering_before_the_query_that_would_exceed_it(tmp_path, mnist_dir):
     store = Store(tmp_path / "runs.sqlite")
     run_id = store.create_run(RunConfig(**small_pate(mnist_dir, epsilon_budget=15.0, teacher_epochs=3,
-                                                     student_epochs=2)))
+                                                     student_epochs=2, pate_budget_on="data-dependent")))
     status = execute(store, run_id, stream=open(os.devnull, "w"))
     run = store.get_run(run_id)
     assert status == "finished" and run["stop_reason"] == "budget"
@@ -126,6 +126,24 @@ def test_budget_stops_answering_before_the_query_that_would_exceed_it(tmp_path, 
     assert run["epsilon"] <= 15.0 and votes[-1]["epsilon_after"] == pytest.approx(run["epsilon"])
     warnings = [e for e in store.events(run_id) if e["type"] == "warning"]
     assert any(f"stopped before query {len(votes) + 1}" in w["message"] for w in warnings)
+
+
+def test_budget_on_the_data_independent_epsilon_is_the_default_and_stops_sooner(tmp_path, mnist_dir):
+    # Where the teachers stop must not depend on the private votes unless the user asks for it.
+    assert RunConfig(mechanism="pate").pate_budget_on == "data-independent"
+    done = {}
+    for on in ("data-independent", "data-dependent"):
+        store = Store(tmp_path / f"{on}.sqlite")
+        run_id = store.create_run(RunConfig(**small_pate(mnist_dir, epsilon_budget=15.0, teacher_epochs=3,
+                                                         student_epochs=1, pate_budget_on=on)))
+        assert execute(store, run_id, stream=open(os.devnull, "w")) == "finished"
+        run = store.get_run(run_id)
+        assert run["stop_reason"] == "budget"
+        di = store.privacy(run_id, "pate-di")[-1]["epsilon"]
+        done[on] = (run["steps_done"], run["epsilon"], di)
+    queries, dd, di = done["data-independent"]
+    assert di <= 15.0 and dd <= di  # every reported epsilon is within the budget
+    assert done["data-dependent"][0] > queries and done["data-dependent"][1] <= 15.0
 
 
 def test_votes_are_stored_batch_by_batch_while_the_run_goes_on(tmp_path, mnist_dir):

@@ -63,3 +63,23 @@ def test_compare_shows_only_the_settings_of_each_runs_mechanism():
     assert "schema_version" not in dpsgd
     # A PATE-only setting differs between a DP-SGD and a PATE run (absent vs set).
     assert {"mechanism", "threshold"} <= differing_keys([dpsgd, pate])
+
+
+def test_pate_budget_left_counts_the_epsilon_the_engine_stops_on(qtbot):
+    from workbench.dashboard import Dashboard
+
+    def pate_run(budget_on):
+        data = RunData(run_id=1)
+        data.apply({"type": "started", "name": "p", "mechanism": "pate",
+                    "config": {"epsilon_budget": 8.0, "pate_budget_on": budget_on}})
+        data.apply({"type": "plan", "epsilon_budget": 8.0, "accountant": "pate-dd"})
+        data.apply({"type": "privacy", "step": 100, "epsilon": 1.5, "accountant": "pate-dd"})
+        data.apply({"type": "privacy", "step": 100, "epsilon": 6.0, "accountant": "pate-di"})
+        return data
+
+    dashboard = Dashboard()
+    qtbot.addWidget(dashboard)
+    dashboard._budget_text(pate_run("data-independent"))
+    assert "budget 8, 2 left" in dashboard.budget_label.text()
+    dashboard._budget_text(pate_run("data-dependent"))
+    assert "budget 8, 6.5 left" in dashboard.budget_label.text()
