@@ -184,9 +184,7 @@ class RunData:
         cur = store.db.conn.execute(
             "select accountant, step, epsilon from privacy where run_id = ? order by accountant, step, rowid", [run_id])
         _fill(data.privacy, cur.fetchall())
-        for event in store.events(run_id):
-            if event["type"] in ("metric", "privacy", "started"):
-                continue
+        for event in store.events(run_id, exclude=("metric", "privacy", "started")):
             data.apply(event, live=False)
         data.status = row["status"]
         if row["status"] in ("finished", "stopped", "failed"):

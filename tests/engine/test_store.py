@@ -48,6 +48,8 @@ def test_events_fill_their_tables_and_replay_in_order(store):
     writer.emit("finished", status="finished", summary={})
     assert store.table_counts(run_id) == {"metrics": 1, "privacy": 1, "events": 5, "artifacts": 1, "votes": 0}
     assert [e["type"] for e in store.events(run_id)] == ["started", "metric", "privacy", "artifact", "finished"]
+    assert [e["type"] for e in store.events(run_id, exclude=("metric", "privacy"))] == [
+        "started", "artifact", "finished"]
     assert store.metrics(run_id, "train_loss")[0]["value"] == 2.3
     assert store.privacy(run_id)[0]["accountant"] == "rdp"
 
