@@ -24,6 +24,12 @@ SCHEMA_VERSION = 1
 MECHANISMS = ("dpsgd", "pate", "none")
 PATE_AGGREGATORS = ("confident", "gnmax", "lnmax")
 PATE_BUDGET_ON = ("data-independent", "data-dependent")
+# The noise settings each PATE aggregator uses (the others are ignored for that aggregator).
+AGGREGATOR_FIELDS = {
+    "lnmax": ("laplace_scale",),
+    "gnmax": ("gnmax_sigma",),
+    "confident": ("threshold", "sigma1", "sigma2"),
+}
 OPTIMIZERS = ("sgd", "momentum", "adam")
 LR_SCHEDULES = ("constant", "cosine")
 DEVICES = ("auto", "cpu", "cuda")

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from engine.config import AGGREGATOR_FIELDS
 from engine.errors import DPWError
 from engine.store import Store, now_iso
 
@@ -242,20 +243,13 @@ def build_report(store: Store, run_ref: str | int, *, include_votes: bool = Fals
     return report
 
 
-AGGREGATOR_PARAMETERS = {
-    "lnmax": ("laplace_scale",),
-    "gnmax": ("gnmax_sigma",),
-    "confident": ("threshold", "sigma1", "sigma2"),
-}
-
-
 def pate_section(store: Store, run: dict[str, Any], summary: dict[str, Any], *, include_votes: bool) -> dict[str, Any]:
     config = run["config"]
     teacher_accuracy = summary.get("teacher_accuracy") or {}
     section = {
         "teachers": config.get("num_teachers"),
         "aggregator": config.get("aggregator"),
-        "aggregator_parameters": {k: config.get(k) for k in AGGREGATOR_PARAMETERS.get(config.get("aggregator"), ())},
+        "aggregator_parameters": {k: config.get(k) for k in AGGREGATOR_FIELDS.get(config.get("aggregator"), ())},
         "queries_asked": summary.get("queries"),
         "queries_answered": summary.get("answered"),
         "epsilon_data_dependent": summary.get("epsilon_data_dependent"),

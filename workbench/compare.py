@@ -43,20 +43,13 @@ def accuracy_vs_epsilon(data: RunData, row: dict[str, Any]) -> tuple[np.ndarray,
 
 
 def relevant_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The settings that matter for the run's mechanism (a DP-SGD run has no PATE threshold)."""
-    from engine.config import field_spec
+    """The settings that matter for the run's mechanism (a DP-SGD run has no PATE threshold, a
+    GNMax run no Laplace scale); settings of another config version stay visible."""
+    from workbench.form_state import field_names, visible_fields
 
-    out = {}
-    for key, value in config.items():
-        if key == "schema_version":
-            continue
-        try:
-            mechanisms = field_spec(key).mechanisms
-        except KeyError:  # a setting of another config version: keep it visible
-            mechanisms = ()
-        if not mechanisms or config.get("mechanism") in mechanisms:
-            out[key] = value
-    return out
+    used = set(visible_fields(config.get("mechanism", ""), config.get("aggregator")))
+    known = set(field_names())
+    return {k: v for k, v in config.items() if k != "schema_version" and (k in used or k not in known)}
 
 
 def differing_keys(configs: list[dict[str, Any]]) -> set[str]:

@@ -243,7 +243,7 @@ class SetupForm(QWidget):
     # ---- validation ----------------------------------------------------------------------------
     def _edited(self, name: str) -> None:
         self.state.set_text(name, self.fields[name].text())
-        if name == "mechanism":
+        if name in ("mechanism", "aggregator"):
             self._apply_mechanism()
         self.revalidate()
 

@@ -59,7 +59,7 @@ def test_compare_shows_only_the_settings_of_each_runs_mechanism():
     dpsgd = relevant_settings(RunConfig(mechanism="dpsgd", noise_multiplier=1.1).to_dict())
     pate = relevant_settings(RunConfig(mechanism="pate").to_dict())
     assert "noise_multiplier" in dpsgd and "threshold" not in dpsgd and "num_teachers" not in dpsgd
-    assert "threshold" in pate and "clipping_norm" not in pate
+    assert "threshold" in pate and "clipping_norm" not in pate and "gnmax_sigma" not in pate  # confident
     assert "schema_version" not in dpsgd
     # A PATE-only setting differs between a DP-SGD and a PATE run (absent vs set).
     assert {"mechanism", "threshold"} <= differing_keys([dpsgd, pate])

@@ -21,7 +21,7 @@ def form(qtbot):
 def test_every_field_of_the_mechanism_has_a_widget_with_its_spec(form):
     for mechanism in ("dpsgd", "pate", "none"):
         form.set_value("mechanism", mechanism)
-        visible = set(visible_fields(mechanism))
+        visible = set(visible_fields(mechanism, form.state.texts["aggregator"]))
         for name, _, spec in config_fields():
             field = form.fields[name]
             assert field.widget.isVisibleTo(form) == (name in visible), (mechanism, name)
@@ -133,3 +133,14 @@ def test_a_model_that_does_not_fit_the_dataset_is_marked_at_its_field(form):
     form.set_value("mechanism", "pate")
     form.set_value("teacher_model", "cifar_cnn")
     assert "teacher_model" in form.errors and "does not fit" in form.errors["teacher_model"].message
+
+
+def test_only_the_chosen_aggregators_noise_settings_are_shown(form):
+    form.set_value("mechanism", "pate")
+    shown = lambda name: form.fields[name].widget.isVisibleTo(form)  # noqa: E731
+    form.set_value("aggregator", "gnmax")
+    assert shown("gnmax_sigma") and not shown("threshold") and not shown("laplace_scale")
+    form.set_value("aggregator", "confident")
+    assert shown("threshold") and shown("sigma1") and shown("sigma2") and not shown("gnmax_sigma")
+    form.set_value("aggregator", "lnmax")
+    assert shown("laplace_scale") and not shown("sigma2")
