@@ -71,7 +71,7 @@ def bench_stream(folder: Path, epochs: int, runner_threads: int | None = None) -
     window.resize(1500, 950)
     window.show()
     form = window.form
-    for name, value in dict(name="bench-stream", dataset="digits", mechanism="dpsgd", noise_multiplier="1.0",
+    for name, value in dict(name="bench-stream", dataset="digits", model="auto", mechanism="dpsgd", noise_multiplier="1.0",
                             target_epsilon="", expected_batch_size="16", epochs=str(epochs), learning_rate="0.2",
                             delta="1e-4", evaluations_per_epoch="4").items():
         form.set_value(name, value)
