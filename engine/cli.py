@@ -286,9 +286,14 @@ def show(run_ref: str, db: Path | None, as_json: bool) -> None:
     click.echo(f"  rows           {info['rows']}")
     for art in info["artifacts"]:
         click.echo(f"  artifact       {art['kind']}: {art['path']}")
-    click.echo("config:")
-    for key, value in run_row["config"].items():
-        click.echo(f"  {key} = {value!r}")
+    from engine.config import fields_used
+
+    config = run_row["config"]
+    used = set(fields_used(config.get("mechanism", ""), config.get("aggregator")))
+    click.echo("config (the settings this run uses; --json has all):")
+    for key, value in config.items():
+        if key in used:
+            click.echo(f"  {key} = {value!r}")
 
 
 def run_details(store, run_ref: str) -> dict[str, Any]:

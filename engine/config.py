@@ -480,6 +480,15 @@ def config_fields() -> list[tuple[str, Any, FieldSpec]]:
     return [(f.name, f.default, f.metadata["spec"]) for f in dataclasses.fields(RunConfig)]
 
 
+def fields_used(mechanism: str, aggregator: str | None = None) -> list[str]:
+    """The fields a run of `mechanism` uses, in form order (a FieldSpec with no mechanisms applies to
+    all); for PATE with a known aggregator, only that aggregator's noise settings."""
+    unused = ({f for agg, names in AGGREGATOR_FIELDS.items() if agg != aggregator for f in names}
+              if aggregator in AGGREGATOR_FIELDS else set())
+    return [name for name, _, spec in config_fields()
+            if (not spec.mechanisms or mechanism in spec.mechanisms) and name not in unused]
+
+
 def field_spec(name: str) -> FieldSpec:
     for fname, _, spec in config_fields():
         if fname == name:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import AGGREGATOR_FIELDS, RunConfig, check_field, collect_errors, config_fields
+from engine.config import RunConfig, check_field, collect_errors, config_fields, fields_used
 from engine.errors import ConfigError
 
 # Training/test split sizes of the registered datasets, for the live cost preview before any data
@@ -57,12 +57,8 @@ def defaults() -> dict[str, Any]:
 
 
 def visible_fields(mechanism: str, aggregator: str | None = None) -> list[str]:
-    """The fields a mechanism uses (a FieldSpec with no mechanisms applies to all); for PATE, only
-    the chosen aggregator's noise settings."""
-    unused = {f for agg, names in AGGREGATOR_FIELDS.items() if agg != aggregator for f in names} \
-        if aggregator in AGGREGATOR_FIELDS else set()
-    return [name for name, _, spec in config_fields()
-            if (not spec.mechanisms or mechanism in spec.mechanisms) and name not in unused]
+    """The fields the form shows: those the run will use (`engine.config.fields_used`)."""
+    return fields_used(mechanism, aggregator)
 
 
 def to_text(name: str, value: Any) -> str:

@@ -111,3 +111,15 @@ def test_every_field_has_a_spec_with_help_text():
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
 def test_every_example_config_is_valid(path):
     RunConfig.load_toml(path)
+
+
+def test_fields_used_follow_the_mechanism_and_the_pate_aggregator():
+    from engine.config import fields_used
+
+    dpsgd = fields_used("dpsgd")
+    assert "clipping_norm" in dpsgd and "noise_multiplier" in dpsgd and "num_teachers" not in dpsgd
+    gnmax = fields_used("pate", "gnmax")
+    assert "gnmax_sigma" in gnmax and "threshold" not in gnmax and "clipping_norm" not in gnmax
+    confident = fields_used("pate", "confident")
+    assert {"threshold", "sigma1", "sigma2"} <= set(confident) and "laplace_scale" not in confident
+    assert "seed" in dpsgd and "seed" in confident  # fields of every mechanism
