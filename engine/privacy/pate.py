@@ -531,34 +531,51 @@ def query_costs(
     alphas = _orders(orders)
     n = v.shape[0]
     ones = np.ones(n)
+    always, per_answer = _data_independent_parts(mechanism, sigma=sigma, sigma1=sigma1, sigma2=sigma2,
+                                                 laplace_scale=laplace_scale, alphas=alphas)
+
+    def _di(weight: np.ndarray) -> np.ndarray:
+        return always[None, :] + weight[:, None] * per_answer[None, :]
+
     if mechanism == "gnmax":
         s = _require("sigma", sigma)
         log_q = gnmax_log_q(votes=v, sigma=s)
         dd = _gnmax_rdp_from_log_q(log_q, s, alphas, gnmax_log_q0(sigma=s, orders=alphas))
-        di = np.broadcast_to(gnmax_rdp_data_independent(sigma=s, orders=alphas), dd.shape)
         weight = ones if answered is None else _mask(answered, n).astype(float)
-        return QueryCosts(mechanism, alphas, dd * weight[:, None], di * weight[:, None], weight, ones, log_q)
+        return QueryCosts(mechanism, alphas, dd * weight[:, None], _di(weight), weight, ones, log_q)
     if mechanism == "lnmax":
         b = _require("laplace_scale", laplace_scale)
         log_q = lnmax_log_q(votes=v, laplace_scale=b)
         dd = _lnmax_rdp_from_log_q(log_q, 2.0 / b, alphas)
-        di = np.broadcast_to(lnmax_rdp_data_independent(laplace_scale=b, orders=alphas), dd.shape)
         weight = ones if answered is None else _mask(answered, n).astype(float)
-        return QueryCosts(mechanism, alphas, dd * weight[:, None], di * weight[:, None], weight, ones, log_q)
+        return QueryCosts(mechanism, alphas, dd * weight[:, None], _di(weight), weight, ones, log_q)
     if mechanism == "confident":
         t = _number("threshold", _require("threshold", threshold), low=0.0, inclusive=True)
         s1, s2 = _require("sigma1", sigma1), _require("sigma2", sigma2)
         log_p = threshold_log_pr_answered(votes=v, threshold=t, sigma1=s1)
         thr_dd = _threshold_rdp_from_log_p(log_p, s1, alphas, gnmax_log_q0(sigma=math.sqrt(2.0) * s1, orders=alphas))
-        thr_di = threshold_rdp_data_independent(sigma1=s1, orders=alphas)[None, :]
         log_q = gnmax_log_q(votes=v, sigma=s2)
         gn_dd = _gnmax_rdp_from_log_q(log_q, s2, alphas, gnmax_log_q0(sigma=s2, orders=alphas))
-        gn_di = gnmax_rdp_data_independent(sigma=s2, orders=alphas)[None, :]
         pr = np.exp(log_p)
         weight = pr if answered is None else _mask(answered, n).astype(float)
         dd = thr_dd + weight[:, None] * gn_dd
-        di = thr_di + weight[:, None] * gn_di
-        return QueryCosts(mechanism, alphas, dd, di, weight, pr, log_q)
+        return QueryCosts(mechanism, alphas, dd, _di(weight), weight, pr, log_q)
+    raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}; got {mechanism!r}")
+
+
+def _data_independent_parts(mechanism: str, *, sigma, sigma1, sigma2, laplace_scale,
+                            alphas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Data-independent RDP of one query as (paid by every query, paid by answered queries only):
+    GNMax and LNMax pay their noisy argmax on every answer; Confident GNMax pays the threshold
+    check always and GNMax (sigma2) only when it answers [PSMRTE18, Sec. 4.2]."""
+    zero = np.zeros(alphas.size)
+    if mechanism == "gnmax":
+        return zero, gnmax_rdp_data_independent(sigma=_require("sigma", sigma), orders=alphas)
+    if mechanism == "lnmax":
+        return zero, lnmax_rdp_data_independent(laplace_scale=_require("laplace_scale", laplace_scale), orders=alphas)
+    if mechanism == "confident":
+        return (threshold_rdp_data_independent(sigma1=_require("sigma1", sigma1), orders=alphas),
+                gnmax_rdp_data_independent(sigma=_require("sigma2", sigma2), orders=alphas))
     raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}; got {mechanism!r}")
 
 
@@ -677,13 +694,6 @@ def epsilon_if_all_answered(*, mechanism: str, num_queries: int, delta: float, s
     """The data-independent epsilon of answering all `num_queries` queries: a bound known before
     any teacher votes (Confident GNMax pays the threshold check and GNMax for every query)."""
     alphas = _orders(orders)
-    if mechanism == "lnmax":
-        per = lnmax_rdp_data_independent(laplace_scale=_require("laplace_scale", laplace_scale), orders=alphas)
-    elif mechanism == "gnmax":
-        per = gnmax_rdp_data_independent(sigma=_require("sigma", sigma), orders=alphas)
-    elif mechanism == "confident":
-        per = (threshold_rdp_data_independent(sigma1=_require("sigma1", sigma1), orders=alphas)
-               + gnmax_rdp_data_independent(sigma=_require("sigma2", sigma2), orders=alphas))
-    else:
-        raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}; got {mechanism!r}")
-    return _to_epsilon(alphas, int(num_queries) * per, _delta(delta)).value
+    always, per_answer = _data_independent_parts(mechanism, sigma=sigma, sigma1=sigma1, sigma2=sigma2,
+                                                 laplace_scale=laplace_scale, alphas=alphas)
+    return _to_epsilon(alphas, int(num_queries) * (always + per_answer), _delta(delta)).value
