@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.report import budget_on_private_votes
 from workbench.plots import Plot, set_curve
 from workbench.run_data import RunData
 
@@ -252,7 +253,8 @@ class Dashboard(QWidget):
         budget = data.budget
         if budget is not None:
             counted = spent
-            if data.mechanism == "pate" and data.config.get("pate_budget_on", "data-dependent") == "data-independent":
+            run = {"mechanism": data.mechanism, "config": data.config}
+            if data.mechanism == "pate" and not budget_on_private_votes(run):
                 # The budget counts the data-independent epsilon (what the engine stops on).
                 di = data.privacy.get("pate-di")
                 counted = di.last() if di is not None and len(di) else None
