@@ -70,11 +70,10 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
              config=config.to_dict(), config_hash=config.config_hash())
         phase = "loading the data"
         emit("progress", phase="loading", done=0, total=1)
-        from engine.runs import prepare
+        from engine.runs import prepare, store_votes
 
         prepared = prepare(config, emit=emit)
-        if hasattr(prepared, "vote_sink"):  # PATE: released votes are stored batch by batch
-            prepared.vote_sink = lambda rows: store.insert_many("votes", [dict(r, run_id=run_id) for r in rows])
+        store_votes(prepared, store, run_id)
         phase = "training"
         if stop():
             result = None

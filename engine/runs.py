@@ -209,3 +209,10 @@ def prepare(config: RunConfig, *, emit: Emit = _noop) -> PreparedRun:
             f"{plan.steps_planned} planned steps; training will stop there",
         )
     return PreparedRun(config, data, model_name, model, plan, device, emit)
+
+
+def store_votes(prepared: Any, store: Any, run_id: int) -> None:
+    """Connect a prepared run to the store: a PATE run writes its vote rows to run `run_id` batch by
+    batch as they are released (a window shows them live; a killed run keeps them). No-op for DP-SGD."""
+    if hasattr(prepared, "vote_sink"):
+        prepared.vote_sink = lambda rows: store.insert_many("votes", [dict(r, run_id=run_id) for r in rows])

@@ -399,12 +399,11 @@ class PreparedPATERun:
         if result is None:
             return {"stop_reason": "stopped"}
         unstored = result.vote_rows[result.vote_rows_stored:]
-        if unstored:
-            # The runner's emit is its EventWriter's bound method, which knows the run id.
-            run_id = getattr(getattr(emit, "__self__", None), "run_id", None)
-            if run_id is None:
-                raise ValueError("finish() needs the runner's EventWriter.emit to know which run the votes belong to")
-            store.insert_many("votes", [dict(row, run_id=run_id) for row in unstored])
+        if unstored:  # only when train() ran without a sink; rows must not be dropped silently
+            if self.vote_sink is None:
+                raise ValueError("the released votes have nowhere to go: connect the run to a store "
+                                 "(engine.runs.store_votes) before train()")
+            self.vote_sink(unstored)
             result.vote_rows_stored = len(result.vote_rows)
         summary = self.summary(result)
         if result.student is None:

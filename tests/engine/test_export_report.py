@@ -16,7 +16,7 @@ from engine.errors import DPWError
 from engine.export import export_run, load_trained_model
 from engine.report import build_report, write_report
 from engine.runner import artifacts_dir
-from engine.runs import prepare
+from engine.runs import prepare, store_votes
 from engine.store import Store
 
 
@@ -29,6 +29,7 @@ def train_in_store(store: Store, **values):
     emit = EventWriter(run_id, stream=None, sink=store.record_event).emit
     store.mark_running(run_id)
     prepared = prepare(config, emit=emit)
+    store_votes(prepared, store, run_id)
     result = prepared.train()
     summary = prepared.finish(result, store=store, out_dir=artifacts_dir(store, run_id), emit=emit)
     store.update_run(run_id, status="finished", summary=summary, **prepared.run_fields(result))
