@@ -26,7 +26,9 @@ from engine.dpsgd.trainer import evaluate
 Emit = Callable[..., Any]
 
 CONFIDENCE = 0.95  # pseudo-labels below this softmax probability are ignored
-UNLABELED_RATIO = 3  # unlabeled examples per labeled example in a semi-supervised step
+# Unlabeled examples per labeled example in a semi-supervised step (FixMatch's mu). On MNIST with
+# 1,017 released labels (94.6% correct): 97.0% mean student accuracy over 4 seeds with 7, 95.3% with 3.
+UNLABELED_RATIO = 7
 UNLABELED_WEIGHT = 1.0
 WARMUP_FRACTION = 0.2  # the first epochs use the released labels only
 
