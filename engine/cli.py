@@ -296,6 +296,34 @@ def show(run_ref: str, db: Path | None, as_json: bool) -> None:
             click.echo(f"  {key} = {value!r}")
 
 
+@cli.command()
+@click.argument("run_refs", nargs=-1, required=True, metavar="RUN...")
+@db_option
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def delete(run_refs: tuple[str, ...], db: Path | None, yes: bool) -> None:
+    """Delete runs (by id or name) with their rows and saved models. A running run is refused.
+
+    The store keeps one line per deleted run (name, status, epsilon, dates) in its deleted_runs
+    table: the privacy the run spent on its data was spent all the same. Ids are never reused.
+
+    Example: dpw delete 3 4 --yes
+    """
+    from engine.runner import remove_run
+
+    store = open_store(db)
+    runs = [store.find_run(ref) for ref in run_refs]
+    for run in runs:
+        if run["status"] == "running":
+            raise DPWError(f"run {run['id']} ({run['name']}) is running; stop it before deleting it",
+                           hint="Ctrl-C in its `dpw run`, or Stop in the window")
+    names = ", ".join(f"{r['id']} ({r['name']}, {r['status']})" for r in runs)
+    if not yes and not click.confirm(f"Delete run{'s' if len(runs) > 1 else ''} {names} and saved models?"):
+        raise click.Abort()
+    for run in runs:
+        remove_run(store, run["id"])
+        click.echo(f"deleted run {run['id']} ({run['name']})")
+
+
 def run_details(store, run_ref: str) -> dict[str, Any]:
     run_row = store.find_run(run_ref)
     run_id = run_row["id"]

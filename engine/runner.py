@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import shutil
 import os
 import signal
 import sys
@@ -41,6 +42,13 @@ class StopFlag:
 
 def artifacts_dir(store: Store, run_id: int) -> Path:
     return store.path.parent / "artifacts" / f"run-{run_id}"
+
+
+def remove_run(store: Store, run_id: int) -> dict:
+    """Delete a run from the store (`Store.delete_run`: refused while it runs) and its saved files."""
+    run = store.delete_run(run_id)
+    shutil.rmtree(artifacts_dir(store, run_id), ignore_errors=True)
+    return run
 
 
 def sha256_of(path: Path) -> str:

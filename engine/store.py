@@ -18,7 +18,7 @@ import sqlite_utils
 
 from engine.errors import DPWError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 STATUSES = ("queued", "running", "finished", "stopped", "failed")
 
 
@@ -111,7 +111,30 @@ def _migration_1(db: sqlite_utils.Database) -> None:
     db["votes"].create_index(["run_id", "query_index"], unique=True)
 
 
-MIGRATIONS = [_migration_1]
+def _migration_2(db: sqlite_utils.Database) -> None:
+    # What a deleted run was and when it was deleted: its privacy spend on the data still happened
+    # (a reviewer may ask), and its id is never given to a new run.
+    db["deleted_runs"].create(
+        {
+            "id": int,
+            "name": str,
+            "mechanism": str,
+            "dataset": str,
+            "status": str,
+            "epsilon": float,
+            "delta": float,
+            "accountant": str,
+            "config_hash": str,
+            "created": str,
+            "finished": str,
+            "deleted": str,
+        },
+        pk="id",
+    )
+
+
+MIGRATIONS = [_migration_1, _migration_2]
+RUN_TABLES = ("metrics", "privacy", "events", "artifacts", "votes")  # rows owned by a run
 
 
 class Store:
@@ -164,8 +187,37 @@ class Store:
                 "created": now_iso(),
                 "epsilon_budget": getattr(config, "epsilon_budget", None),
                 "steps_done": 0,
+                "id": self._next_run_id(),
             }
             return self.db["runs"].insert(row).last_pk
+
+    def _next_run_id(self) -> int:
+        """One more than any id ever used here, deleted runs included (ids are never reused)."""
+        used = self.db.conn.execute(
+            "select max(coalesce((select max(id) from runs), 0), coalesce((select max(id) from deleted_runs), 0))"
+        ).fetchone()[0]
+        return int(used) + 1
+
+    def delete_run(self, run_id: int) -> dict[str, Any]:
+        """Delete a run and every row it owns in one transaction, keeping a line in `deleted_runs`;
+        returns the run as it was. A running run is refused: its runner would go on writing."""
+        self.reconcile_orphans()
+        run = self.get_run(run_id)
+        if run["status"] == "running":
+            raise DPWError(f"run {run_id} ({run['name']}) is running; stop it before deleting it",
+                           hint="Ctrl-C in its `dpw run`, or Stop in the window")
+        keep = ("id", "name", "mechanism", "dataset", "status", "epsilon", "delta", "accountant",
+                "config_hash", "created", "finished")
+        with self.db.conn:
+            self.db["deleted_runs"].insert({**{k: run.get(k) for k in keep}, "deleted": now_iso()}, replace=True)
+            for table in RUN_TABLES:
+                self.db.conn.execute(f"delete from {table} where run_id = ?", [run_id])
+            self.db.conn.execute("delete from runs where id = ?", [run_id])
+        self._seq.pop(run_id, None)
+        return run
+
+    def deleted_runs(self) -> list[dict[str, Any]]:
+        return list(self.db["deleted_runs"].rows_where(order_by="id"))
 
     def update_run(self, run_id: int, **fields: Any) -> None:
         if "status" in fields and fields["status"] not in STATUSES:
@@ -308,7 +360,7 @@ class Store:
     def table_counts(self, run_id: int) -> dict[str, int]:
         return {
             table: self.db.conn.execute(f"select count(*) from {table} where run_id = ?", [run_id]).fetchone()[0]
-            for table in ("metrics", "privacy", "events", "artifacts", "votes")
+            for table in RUN_TABLES
         }
 
     def insert_many(self, table: str, rows: Iterable[dict[str, Any]]) -> None:

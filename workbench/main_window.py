@@ -153,6 +153,12 @@ class MainWindow(QMainWindow):
                                      "Save the form as a run config (TOML) for `dpw run`")
         self.act_reuse = self._action("Set up &again from this run", self.reuse_config, None,
                                       "Load the selected run's config into the form")
+        self.act_delete = self._action("&Delete run…", self.delete_selected, QKeySequence.StandardKey.Delete,
+                                       "Delete the selected runs with their curves, votes and saved models")
+        # The Delete key deletes runs only where the runs list has the focus (not while editing a field).
+        self.removeAction(self.act_delete)
+        self.act_delete.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
+        self.runs_view.addAction(self.act_delete)
         self.act_refresh = self._action("Re&fresh", self.refresh_runs, QKeySequence.StandardKey.Refresh)
         self.act_quit = self._action("&Quit", self.close, QKeySequence.StandardKey.Quit)
         self.act_setup = self._action("Set&up", lambda: self.tabs.setCurrentWidget(self.form), "Ctrl+1")
@@ -168,7 +174,7 @@ class MainWindow(QMainWindow):
             file_menu.addSeparator() if action is None else file_menu.addAction(action)
         run_menu = bar.addMenu("&Run")
         for action in (self.act_new, self.act_start, self.act_stop, None, self.act_export, self.act_report,
-                       self.act_reuse):
+                       self.act_reuse, None, self.act_delete):
             run_menu.addSeparator() if action is None else run_menu.addAction(action)
         view_menu = bar.addMenu("&View")
         for action in (self.act_setup, self.act_dash, self.act_compare, self.act_votes, None, self.act_refresh):
@@ -350,14 +356,16 @@ class MainWindow(QMainWindow):
         self.act_stop.setEnabled(active or bool(self.client.active_ids()))
         self.act_export.setEnabled(run_id is not None and not active)
         self.act_report.setEnabled(run_id is not None and not active)
+        self.act_delete.setEnabled(run_id is not None and run_id not in self.client.jobs)
 
     def _context_menu(self, pos) -> None:
         index = self.runs_view.indexAt(pos)
         if index.isValid() and not self.runs_view.selectionModel().isRowSelected(index.row(), QModelIndex()):
             self._select_row(index.row())
         menu = QMenu(self)
-        for action in (self.act_stop, self.act_export, self.act_report, self.act_reuse, self.act_compare):
-            menu.addAction(action)
+        for action in (self.act_stop, self.act_export, self.act_report, self.act_reuse, self.act_compare,
+                       None, self.act_delete):
+            menu.addSeparator() if action is None else menu.addAction(action)
         menu.popup(self.runs_view.viewport().mapToGlobal(pos))
 
     # ---- running -------------------------------------------------------------------------------
@@ -394,6 +402,53 @@ class MainWindow(QMainWindow):
             run_id = active[0]
         self.client.stop(run_id)
         self.statusBar().showMessage(f"Stopping run {run_id} after its current step…", 5000)
+
+    def delete_selected(self, *, confirm: bool = True) -> list[int]:
+        """Delete the selected runs (after asking); a running one is refused, a queued one is dropped
+        from the queue first. Returns the ids deleted."""
+        ids = self.selected_ids() or ([self.current_run_id] if self.current_run_id is not None else [])
+        busy = [i for i in ids if i in self.client.jobs]
+        if busy:
+            QMessageBox.information(self, "Run is running", f"Run {busy[0]} is running; stop it before deleting it.")
+            return []
+        if not ids:
+            return []
+        rows = {r["id"]: r for r in self.runs_model.rows}
+        names = ", ".join(f"{i} ({rows[i]['name']})" if i in rows else str(i) for i in ids)
+        if confirm:
+            answer = QMessageBox.question(
+                self, "Delete runs" if len(ids) > 1 else "Delete run",
+                f"Delete run{'s' if len(ids) > 1 else ''} {names}?\n\nTheir curves, votes and saved models are "
+                "removed. The store keeps one line per deleted run (name, status, epsilon, dates): the privacy "
+                "it spent on its data was spent all the same.")
+            if answer != QMessageBox.StandardButton.Yes:
+                return []
+        from engine.runner import remove_run
+
+        deleted = []
+        for run_id in ids:
+            if run_id in self.client.queue:
+                self.client.stop(run_id)
+            try:
+                remove_run(self.store, run_id)
+            except Exception as exc:
+                QMessageBox.warning(self, "Cannot delete the run", describe_error(exc))
+                break
+            deleted.append(run_id)
+            self.run_data.pop(run_id, None)
+        if self.current_run_id in deleted:
+            self.current_run_id = None
+            self.dashboard.show_run(None)
+            self.votes.show_run(self.store, None)
+        self.refresh_runs()
+        if self.current_run_id is None and self.runs_model.rows:
+            self._select_row(len(self.runs_model.rows) - 1)
+        if self.tabs.currentWidget() is self.compare:
+            self.compare_selected(switch=False)
+        self._update_run_actions()
+        self.statusBar().showMessage(f"Deleted run{'s' if len(deleted) > 1 else ''} "
+                                     f"{', '.join(map(str, deleted))}", 8000)
+        return deleted
 
     def _on_events(self, run_id: int, events: list) -> None:
         data = self.run_data.get(run_id)

@@ -99,6 +99,15 @@ def test_run_list_and_show_on_a_tiny_real_run(tmp_path):
     shown = json.loads(dpw("show", "tiny", "--db", db, "--json").stdout)
     assert shown["run"]["id"] == 1 and shown["rows"]["privacy"] > 0 and shown["artifacts"]
 
+    artifacts = tmp_path / "artifacts" / "run-1"
+    assert artifacts.is_dir()
+    kept = dpw("delete", "tiny", "--db", db, input="n\n")  # asks first; "n" keeps it
+    assert kept.returncode != 0 and "Delete run 1 (tiny, finished)" in kept.stdout
+    assert len(json.loads(dpw("list", "--db", db, "--json").stdout)) == 1
+    deleted = dpw("delete", "tiny", "--db", db, "--yes")
+    assert deleted.returncode == 0 and "deleted run 1 (tiny)" in deleted.stdout
+    assert json.loads(dpw("list", "--db", db, "--json").stdout) == [] and not artifacts.exists()
+
 
 def test_readme_commands_name_existing_commands_and_options():
     """Every `dpw ...` line in the README names a real command and real options."""

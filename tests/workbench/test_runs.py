@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
+
 from engine.store import Store
 from workbench.main_window import MainWindow
 from workbench.runs_model import COLUMNS
@@ -191,3 +193,40 @@ def test_runs_wait_in_a_queue_one_at_a_time(window, qtbot, db_path):
     a, b = store.get_run(first), store.get_run(second)
     assert a["status"] == b["status"] == "finished"
     assert b["started"] >= a["finished"]
+
+
+def test_deleting_runs_refuses_a_running_one_and_removes_the_others(window, qtbot, db_path, monkeypatch):
+    from PySide6.QtWidgets import QMessageBox
+
+    told, asked = [], []
+    monkeypatch.setattr(QMessageBox, "information", lambda *a: told.append(a[2]))
+    monkeypatch.setattr(QMessageBox, "question", lambda *a: asked.append(a[2]) or QMessageBox.StandardButton.Yes)
+    quick_digits(window, "to-delete-running", epochs=400)
+    running = start(window, qtbot)
+    quick_digits(window, "to-delete-queued", epochs=1)
+    queued = start(window, qtbot)
+    qtbot.waitUntil(lambda: len(window.run_data[running].metrics.get("train_loss", ())) > 5, timeout=RUN_TIMEOUT_MS)
+
+    window.select_runs([running])
+    assert not window.act_delete.isEnabled()
+    assert window.delete_selected() == [] and "is running" in told[0]
+    assert Store(db_path).get_run(running)["status"] == "running"
+
+    window.select_runs([queued])  # waiting in the queue: dropped from it, then deleted
+    assert window.act_delete.isEnabled()
+    window.act_delete.trigger()
+    assert "Delete run" in asked[0] and "to-delete-queued" in asked[0]
+    assert queued not in window.client.queue and window.runs_model.row_of(queued) is None
+    store = Store(db_path)
+    assert [r["id"] for r in store.deleted_runs()] == [queued]
+
+    window.select_runs([running])
+    window.act_stop.trigger()
+    qtbot.waitUntil(lambda: not window.client.is_active(running), timeout=RUN_TIMEOUT_MS)
+    artifacts = db_path.parent / "artifacts" / f"run-{running}"
+    window.select_runs([running])
+    assert window.delete_selected(confirm=False) == [running]
+    assert store.list_runs() == [] and not artifacts.exists()
+    assert window.dashboard.data is None and window.runs_model.rows == []
+    assert {r["id"] for r in store.deleted_runs()} == {running, queued}
+    assert window.act_delete.shortcutContext() == Qt.ShortcutContext.WidgetShortcut  # Delete in a field edits it
