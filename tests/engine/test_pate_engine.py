@@ -213,21 +213,23 @@ def test_semi_supervised_student_trains_and_reports_pseudo_labels():
 
 
 def test_semi_supervised_student_learns_from_the_unlabeled_pool(mnist_dir):
-    """Real MNIST, 100 labels and 3,000 unlabeled pool images: the same student, seeds and steps,
-    is clearly more accurate when it also learns from the pool (measured: 74.6% -> 81.5%)."""
+    """Real MNIST, 100 labels and 3,000 unlabeled pool images: with the same number of steps (280)
+    the student is clearly more accurate when it also learns from the pool (measured over seeds
+    0-3: 73.5-75.0% -> 81.2-82.7%). Semi-supervised, an epoch covers the pool: 14 steps, not 4."""
     from engine.datasets import load_dataset
 
     data = load_dataset("mnist", data_dir=mnist_dir.parent)
     pool, labels = data.x_test[:3000], data.y_test[:100]
-    accuracy = {}
-    for semi in (False, True):
+    results = {}
+    for semi, epochs in ((False, 70), (True, 20)):
         torch.manual_seed(0)
         model = build_model("mnist_cnn", input_shape=data.input_shape, num_classes=10)
-        res = train_student(model, pool[:100], labels, x_pool=pool, x_eval=data.x_test[9000:],
-                            y_eval=data.y_test[9000:], epochs=60, batch_size=32,
-                            make_optimizer=lambda p: torch.optim.Adam(p, lr=3e-3), seed=0, semi_supervised=semi)
-        accuracy[semi] = res.test_accuracy
-    assert accuracy[True] >= accuracy[False] + 0.03, accuracy
+        results[semi] = train_student(model, pool[:100], labels, x_pool=pool, x_eval=data.x_test[9000:],
+                                      y_eval=data.y_test[9000:], epochs=epochs, batch_size=32,
+                                      make_optimizer=lambda p: torch.optim.Adam(p, lr=3e-3), seed=0,
+                                      semi_supervised=semi)
+    assert results[False].steps == results[True].steps == 280
+    assert results[True].test_accuracy >= results[False].test_accuracy + 0.04, results
 
 
 # ---- config -------------------------------------------------------------------------------------
