@@ -12,6 +12,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Signal
 
+from engine.errors import DPWError
 from engine.events import decode
 from engine.store import Store, now_iso
 
@@ -29,7 +30,7 @@ class _Job:
         self.process = process
         self.buffer = b""
         self.stderr = b""
-        self.finished_event = False
+        self.finished_status: str | None = None  # from the runner's `finished` event
         self.stop_requested = False
 
 
@@ -135,7 +136,7 @@ class EngineClient(QObject):
             if event is None:
                 continue
             if event["type"] == "finished":
-                job.finished_event = True
+                job.finished_status = str(event.get("status") or "finished")
             batch.append(event)
         if batch:
             self.events.emit(job.run_id, batch)
@@ -153,8 +154,8 @@ class EngineClient(QObject):
         self._read(job)
         self._read_stderr(job)
         del self.jobs[job.run_id]
-        if job.finished_event:
-            final = self.store.get_run(job.run_id)["status"]
+        if job.finished_status is not None:
+            final = job.finished_status  # as reported (the store's row may be gone: `dpw delete`)
         else:
             final = "failed"
             message, hint = self._explain(job, code, status)
@@ -181,7 +182,10 @@ class EngineClient(QObject):
     def _mark_failed(self, run_id: int, message: str, hint: str) -> None:
         """The runner could not record its own end: record it for it, once."""
         self.store.reconcile_orphans()
-        row = self.store.get_run(run_id)
+        try:
+            row = self.store.get_run(run_id)
+        except DPWError:  # deleted from the store meanwhile: nothing left to mark
+            return
         if row["status"] in ("queued", "running"):
             self.store.update_run(run_id, status="failed", finished=now_iso(), error=message, error_hint=hint)
         elif row["status"] == "failed" and (row.get("error") or "").startswith("the runner process ended"):

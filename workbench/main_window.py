@@ -261,7 +261,9 @@ class MainWindow(QMainWindow):
         self.runs_model.set_rows(rows)
         if self.current_run_id is not None:
             row = self.runs_model.row_of(self.current_run_id)
-            if row is not None and not self.runs_view.selectionModel().isRowSelected(row, QModelIndex()):
+            if row is None and not self.client.is_active(self.current_run_id):
+                self._forget_run(self.current_run_id)  # deleted elsewhere (`dpw delete`)
+            elif row is not None and not self.runs_view.selectionModel().isRowSelected(row, QModelIndex()):
                 self._select_row(row)
 
     def _periodic_refresh(self) -> None:
@@ -435,11 +437,7 @@ class MainWindow(QMainWindow):
                 QMessageBox.warning(self, "Cannot delete the run", describe_error(exc))
                 break
             deleted.append(run_id)
-            self.run_data.pop(run_id, None)
-        if self.current_run_id in deleted:
-            self.current_run_id = None
-            self.dashboard.show_run(None)
-            self.votes.show_run(self.store, None)
+            self._forget_run(run_id)
         self.refresh_runs()
         if self.current_run_id is None and self.runs_model.rows:
             self._select_row(len(self.runs_model.rows) - 1)
@@ -449,6 +447,14 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Deleted run{'s' if len(deleted) > 1 else ''} "
                                      f"{', '.join(map(str, deleted))}", 8000)
         return deleted
+
+    def _forget_run(self, run_id: int) -> None:
+        """Drop a deleted run's curves; clear the views if they show it."""
+        self.run_data.pop(run_id, None)
+        if self.current_run_id == run_id:
+            self.current_run_id = None
+            self.dashboard.show_run(None)
+            self.votes.show_run(self.store, None)
 
     def _on_events(self, run_id: int, events: list) -> None:
         data = self.run_data.get(run_id)

@@ -230,3 +230,16 @@ def test_deleting_runs_refuses_a_running_one_and_removes_the_others(window, qtbo
     assert window.dashboard.data is None and window.runs_model.rows == []
     assert {r["id"] for r in store.deleted_runs()} == {running, queued}
     assert window.act_delete.shortcutContext() == Qt.ShortcutContext.WidgetShortcut  # Delete in a field edits it
+
+
+def test_a_run_deleted_elsewhere_leaves_the_window(window, qtbot, db_path):
+    quick_digits(window, "deleted-elsewhere", epochs=1)
+    run_id = start(window, qtbot)
+    qtbot.waitUntil(lambda: window.run_data[run_id].finished, timeout=RUN_TIMEOUT_MS)
+    window.select_runs([run_id])
+    assert window.dashboard.data is not None
+    Store(db_path).delete_run(run_id)  # as `dpw delete` does from another process, maybe before the
+    qtbot.waitUntil(lambda: not window.client.is_active(run_id), timeout=RUN_TIMEOUT_MS)  # runner exits
+    window.refresh_runs()
+    assert window.runs_model.row_of(run_id) is None
+    assert window.dashboard.data is None and run_id not in window.run_data
