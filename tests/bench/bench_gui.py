@@ -55,10 +55,36 @@ def bench_launch(folder: Path, repeats: int = 3) -> list[float]:
     return times
 
 
+class StallMeter:
+    """How late a 5 ms Qt timer fires, in ms, while `measuring`: the event loop's stalls."""
+
+    INTERVAL_MS = 5
+
+    def __init__(self, measuring: bool = True) -> None:
+        from PySide6.QtCore import QElapsedTimer, QTimer
+
+        self.measuring = measuring
+        self.lateness: list[int] = []
+        self._clock = QElapsedTimer()
+        self._clock.start()
+        self._last = self._clock.elapsed()
+        self._timer = QTimer()
+        self._timer.setInterval(self.INTERVAL_MS)
+        self._timer.timeout.connect(self._tick)
+        self._timer.start()
+
+    def _tick(self) -> None:
+        now = self._clock.elapsed()
+        if self.measuring:
+            self.lateness.append(now - self._last - self.INTERVAL_MS)
+        self._last = now
+
+    def stop(self) -> None:
+        self._timer.stop()
+
+
 def bench_stream(folder: Path, epochs: int, runner_threads: int | None = None) -> dict[str, float]:
     """Longest lateness of a 5 ms timer while a real run streams into the dashboard."""
-    from PySide6.QtCore import QElapsedTimer, QTimer
-
     from workbench.app import create_app
     from workbench.main_window import MainWindow
     from workbench.settings import use_folder
@@ -79,37 +105,22 @@ def bench_stream(folder: Path, epochs: int, runner_threads: int | None = None) -
     run_id = window.start_run(form.config())
     data = window.run_data[run_id]
 
-    clock = QElapsedTimer()
-    clock.start()
-    last = [clock.elapsed()]
-    lateness: list[int] = []
-    streaming = [False]
-
-    def tick() -> None:
-        now = clock.elapsed()
-        if streaming[0]:
-            lateness.append(now - last[0] - 5)
-        last[0] = now
-
-    timer = QTimer()
-    timer.setInterval(5)
-    timer.timeout.connect(tick)
-    timer.start()
+    meter = StallMeter(measuring=False)
     events_at_start = 0
     t_stream = None
     deadline = time.monotonic() + 600
     while not data.finished and time.monotonic() < deadline:
         app.processEvents()
-        if not streaming[0] and len(data.metrics.get("train_loss", ())) > 0:
-            streaming[0] = True
+        if not meter.measuring and len(data.metrics.get("train_loss", ())) > 0:
+            meter.measuring = True
             t_stream = time.monotonic()
             events_at_start = data.version
         time.sleep(0.001)
     seconds = time.monotonic() - (t_stream or time.monotonic())
-    timer.stop()
+    meter.stop()
     events = data.version - events_at_start
     window.close()
-    lateness.sort()
+    lateness = sorted(meter.lateness)
     return {
         "events": events,
         "seconds": seconds,
@@ -123,8 +134,6 @@ def bench_stream(folder: Path, epochs: int, runner_threads: int | None = None) -
 def bench_idle(seconds: float = 5.0) -> float:
     """Longest lateness of the same 5 ms timer with the window open and nothing running: the floor
     set by the machine (other processes, the scheduler), not by the window."""
-    from PySide6.QtCore import QElapsedTimer, QTimer
-
     from workbench.app import create_app
     from workbench.main_window import MainWindow
 
@@ -133,26 +142,14 @@ def bench_idle(seconds: float = 5.0) -> float:
     window = MainWindow(folder / "idle.sqlite", probe=False)
     window.resize(1500, 950)
     window.show()
-    clock = QElapsedTimer()
-    clock.start()
-    last = [clock.elapsed()]
-    lateness: list[int] = []
-
-    def tick() -> None:
-        now = clock.elapsed()
-        lateness.append(now - last[0] - 5)
-        last[0] = now
-
-    timer = QTimer()
-    timer.setInterval(5)
-    timer.timeout.connect(tick)
-    timer.start()
+    meter = StallMeter()
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         app.processEvents()
         time.sleep(0.001)
-    timer.stop()
+    meter.stop()
     window.close()
+    lateness = meter.lateness
     return float(max(lateness[1:])) if len(lateness) > 1 else float("nan")
 
 
