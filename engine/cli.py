@@ -309,13 +309,13 @@ def delete(run_refs: tuple[str, ...], db: Path | None, yes: bool) -> None:
     Example: dpw delete 3 4 --yes
     """
     from engine.runner import remove_run
+    from engine.store import check_deletable
 
     store = open_store(db)
+    store.reconcile_orphans()
     runs = [store.find_run(ref) for ref in run_refs]
-    for run in runs:
-        if run["status"] == "running":
-            raise DPWError(f"run {run['id']} ({run['name']}) is running; stop it before deleting it",
-                           hint="Ctrl-C in its `dpw run`, or Stop in the window")
+    for run in runs:  # all of them before any is deleted
+        check_deletable(run)
     names = ", ".join(f"{r['id']} ({r['name']}, {r['status']})" for r in runs)
     if not yes and not click.confirm(f"Delete run{'s' if len(runs) > 1 else ''} {names} and saved models?"):
         raise click.Abort()

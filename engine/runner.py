@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import shutil
 import os
+import shutil
 import signal
 import sys
 import traceback

@@ -134,6 +134,13 @@ def _migration_2(db: sqlite_utils.Database) -> None:
 
 
 MIGRATIONS = [_migration_1, _migration_2]
+
+
+def check_deletable(run: dict[str, Any]) -> None:
+    """Raise DPWError if `run` (a row of `runs`) may not be deleted: it is running."""
+    if run["status"] == "running":
+        raise DPWError(f"run {run['id']} ({run['name']}) is running; stop it before deleting it",
+                       hint="Ctrl-C in its `dpw run`, or Stop in the window")
 RUN_TABLES = ("metrics", "privacy", "events", "artifacts", "votes")  # rows owned by a run
 
 
@@ -203,9 +210,7 @@ class Store:
         returns the run as it was. A running run is refused: its runner would go on writing."""
         self.reconcile_orphans()
         run = self.get_run(run_id)
-        if run["status"] == "running":
-            raise DPWError(f"run {run_id} ({run['name']}) is running; stop it before deleting it",
-                           hint="Ctrl-C in its `dpw run`, or Stop in the window")
+        check_deletable(run)
         keep = ("id", "name", "mechanism", "dataset", "status", "epsilon", "delta", "accountant",
                 "config_hash", "created", "finished")
         with self.db.conn:

@@ -409,7 +409,7 @@ class MainWindow(QMainWindow):
         """Delete the selected runs (after asking); a running one is refused, a queued one is dropped
         from the queue first. Returns the ids deleted."""
         ids = self.selected_ids() or ([self.current_run_id] if self.current_run_id is not None else [])
-        busy = [i for i in ids if i in self.client.jobs]
+        busy = [i for i in ids if i in self.client.jobs]  # launched, maybe not yet marked running
         if busy:
             QMessageBox.information(self, "Run is running", f"Run {busy[0]} is running; stop it before deleting it.")
             return []
@@ -444,8 +444,9 @@ class MainWindow(QMainWindow):
         if self.tabs.currentWidget() is self.compare:
             self.compare_selected(switch=False)
         self._update_run_actions()
-        self.statusBar().showMessage(f"Deleted run{'s' if len(deleted) > 1 else ''} "
-                                     f"{', '.join(map(str, deleted))}", 8000)
+        if deleted:
+            self.statusBar().showMessage(f"Deleted run{'s' if len(deleted) > 1 else ''} "
+                                         f"{', '.join(map(str, deleted))}", 8000)
         return deleted
 
     def _forget_run(self, run_id: int) -> None:
