@@ -34,6 +34,7 @@ OPTIMIZERS = ("sgd", "momentum", "adam")
 LR_SCHEDULES = ("constant", "cosine")
 DEVICES = ("auto", "cpu", "cuda")
 ACCOUNTANT_CHOICES = ("pld", "rdp")
+NOISE_SAMPLERS = ("standard", "hardened")
 
 
 @dataclass(frozen=True)
@@ -354,8 +355,21 @@ class RunConfig:
     )
 
     seed: int = _spec(
-        0, label="Seed", help="Seeds sampling, noise, initialisation and splits.", kind=int,
+        0, label="Seed", help="Seeds initialisation, splits, shards, augmentation and training order, so "
+        "runs are comparable. It never seeds the privacy noise or the sampling of batches: those come "
+        "from secret operating-system randomness.", kind=int,
         minimum=0, maximum=2**63 - 1, group="run",
+    )
+    noise_sampler: str = _spec(
+        "standard", label="Noise sampler", help="How privacy noise is drawn. standard: fast floating-point "
+        "Gaussian noise from a secret generator. hardened: a cryptographically secure generator and a "
+        "sampler built against floating-point attacks on the low bits of noised values (slower).",
+        kind=str, choices=NOISE_SAMPLERS, group="run",
+    )
+    reproducible_noise: bool = _spec(
+        False, label="Reproducible noise (no guarantee)", help="Debugging only: draw the privacy noise and "
+        "the sampling from the seed, so a run can be repeated exactly. Such a run carries NO differential "
+        "privacy guarantee: anyone who knows the seed can rebuild the noise.", kind=bool, group="run",
     )
     device: str = _spec(
         "auto", label="Device", help="cpu, cuda, or auto (cuda when available).", kind=str,
