@@ -90,15 +90,23 @@ def compute_rdp(
 
     per_step = np.empty_like(alphas)
     is_int = alphas == np.round(alphas)
-    # Integer orders in groups of similar size, so the (orders x k) table stays small.
-    for group in (is_int & (alphas <= 64), *([n] for n in np.flatnonzero(is_int & (alphas > 64)))):
-        if np.any(group):
-            per_step[group] = _log_a_integer(q, sigma, alphas[group])
-    if (~is_int).any():
-        per_step[~is_int] = _log_a_fractional(q, sigma, alphas[~is_int])
+    for group in _integer_groups(alphas, is_int):
+        per_step[group] = _log_a_integer(q, sigma, alphas[group])
+    fractional = np.flatnonzero(~is_int)
+    if fractional.size:
+        per_step[fractional] = _log_a_fractional(q, sigma, alphas[fractional])
     # A_alpha >= 1 (a Renyi divergence is >= 0); clamping up is the safe side of round-off.
     per_step = np.maximum(per_step, 0.0) / (alphas - 1.0)
     return t * per_step
+
+
+def _integer_groups(alphas: np.ndarray, is_int: np.ndarray) -> list[np.ndarray]:
+    """Positions of the integer orders, grouped by size (all orders <= 64 together, then one group
+    per octave), so each group's (orders x k) table of binomial terms stays small. Every integer
+    order is in exactly one group, whatever its position in `alphas` (duplicates included)."""
+    positions = np.flatnonzero(is_int)
+    octave = np.where(alphas[positions] <= 64, 0, np.ceil(np.log2(alphas[positions])).astype(int))
+    return [positions[octave == o] for o in np.unique(octave)]
 
 
 def rdp_to_epsilon(*, orders, rdp, delta: float) -> Epsilon:

@@ -184,3 +184,50 @@ def test_rdp_to_epsilon_rejects_bad_input_naming_the_argument(kwargs, name):
 def test_compute_rdp_requires_keyword_arguments():
     with pytest.raises(TypeError):
         compute_rdp(0.1, 1.0, 10)  # type: ignore[misc]
+
+
+def _binomial_rdp_at_high_precision(q: float, sigma: float, alpha: int) -> float:
+    """RDP of one step at an integer order from the closed form [Mironov, Talwar, Zhang 2019, Sec. 3.3],
+    A = sum_k C(alpha, k) (1-q)^(alpha-k) q^k exp((k^2 - k) / (2 sigma^2)), summed at 60 digits."""
+    mpmath = pytest.importorskip("mpmath")
+    with mpmath.workdps(60):
+        q_, s2 = mpmath.mpf(q), mpmath.mpf(sigma) ** 2
+        a = mpmath.fsum(
+            mpmath.binomial(alpha, k) * (1 - q_) ** (alpha - k) * q_**k * mpmath.exp((k * k - k) / (2 * s2))
+            for k in range(alpha + 1)
+        )
+        return float(mpmath.log(a) / (alpha - 1))
+
+
+@pytest.mark.parametrize(
+    "orders",
+    [
+        [80, 2],
+        [2, 80],
+        [1024, 3.5, 80, 80, 2, 1.5, 200, 65],
+        [65],
+        [300, 100, 1.25, 64, 64, 700],
+        [7.75, 129, 2, 129, 1.01],
+    ],
+)
+def test_any_list_of_orders_gives_each_orders_own_rdp(orders, quadrature_log_a):
+    """Orders in any position, integer orders above 64 first, duplicates and fractional orders: each
+    value is that order's RDP (integer orders: 60-digit binomial sum; fractional: 50-digit quadrature)."""
+    q, sigma = 0.01, 1.1
+    ours = compute_rdp(sample_rate=q, noise_multiplier=sigma, steps=3, orders=orders)
+    assert ours.shape == (len(orders),)
+    for alpha, value in zip(orders, ours):
+        if float(alpha).is_integer():
+            exact = 3 * _binomial_rdp_at_high_precision(q, sigma, int(alpha))
+        else:
+            exact = 3 * quadrature_log_a(q, sigma, alpha) / (alpha - 1)
+        assert value >= exact * (1 - 1e-12), alpha
+        assert value <= exact * (1 + 1e-6) + 1e-15, alpha
+
+
+def test_issue_example_order_80_before_order_2():
+    """The reported case: orders=[80, 2] gave RDP(80) = 2.96e-07 (uninitialised memory)."""
+    both = compute_rdp(sample_rate=0.01, noise_multiplier=1.1, steps=1, orders=[80, 2])
+    alone = [compute_rdp(sample_rate=0.01, noise_multiplier=1.1, steps=1, orders=[a])[0] for a in (80, 2)]
+    np.testing.assert_array_equal(both, alone)
+    assert both[0] == pytest.approx(_binomial_rdp_at_high_precision(0.01, 1.1, 80), rel=1e-9)
