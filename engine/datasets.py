@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
-import torch
 
+# torch is imported inside the functions that make tensors: listing the registry needs no torch.
 from engine.errors import ConfigError, DataError
 
 IMAGE = "image"
@@ -112,6 +112,8 @@ class Dataset:
 
         Images: x_raw in [0, 1]. This is the transform the training tensors went through.
         """
+        import torch
+
         x = torch.as_tensor(np.asarray(x_raw) if not isinstance(x_raw, torch.Tensor) else x_raw)
         x = x.to(torch.float32)
         mean = torch.tensor(self.normalization["mean"], dtype=torch.float32)
@@ -377,6 +379,8 @@ def _need_two_classes(class_names: Sequence[str], *, what: str) -> None:
 
 def _image_tensor(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """uint8 (/255) or float [0, 1] images (N, C, H, W) -> normalized float32 tensor."""
+    import torch
+
     if x.dtype == np.uint8:
         t = torch.from_numpy(x.astype(np.float32)).div_(255.0)
     else:
@@ -400,6 +404,8 @@ def _image_dataset(
 ) -> Dataset:
     # Fixed, data-independent constants: statistics of the private training split would be
     # released with the model without any privacy guarantee.
+    import torch
+
     channels = x_train.shape[1]
     mean, std = [IMAGE_MEAN] * channels, [IMAGE_STD] * channels
     return Dataset(
@@ -431,6 +437,8 @@ def _table_dataset(
     source: str,
     split: str,
 ) -> Dataset:
+    import torch
+
     x_train = np.asarray(x_train, dtype=np.float64)
     x_test = np.asarray(x_test, dtype=np.float64)
     mean = x_train.mean(axis=0)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
-
-from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
-from torch.nn.modules.instancenorm import _InstanceNorm
+from typing import TYPE_CHECKING, Any, Callable
 
 from engine.errors import ModelError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+# torch is imported inside the builders: listing the registry (`dpw models`) needs no torch.
 
 AUTO = "auto"
 IMAGE_KIND = "image"  # same strings as engine.datasets.IMAGE / TABLE
@@ -50,6 +51,8 @@ class ModelInfo:
 
 def _mnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Tramer & Boneh 2021 / Opacus MNIST example; 28x28 -> 14x14 -> 13x13 -> 5x5 -> 4x4."""
+    from torch import nn
+
     channels = input_shape[0]
     return nn.Sequential(
         nn.Conv2d(channels, 16, kernel_size=8, stride=2, padding=3),
@@ -70,6 +73,8 @@ MLP_HIDDEN = 64
 
 def _mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Flatten -> Linear(F, 64) -> Tanh -> Linear(64, num_classes), F = prod(input_shape)."""
+    from torch import nn
+
     features = math.prod(input_shape)
     return nn.Sequential(
         nn.Flatten(),
@@ -81,6 +86,8 @@ def _mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 
 def _logistic(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Multinomial logistic regression: Flatten -> Linear(F, num_classes)."""
+    from torch import nn
+
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
 
 
@@ -88,12 +95,16 @@ CIFAR_GROUPS = 8
 
 
 def _conv_block(c_in: int, c_out: int) -> list[nn.Module]:
+    from torch import nn
+
     return [nn.Conv2d(c_in, c_out, kernel_size=3, padding=1), nn.GroupNorm(CIFAR_GROUPS, c_out), nn.Tanh()]
 
 
 def _cifar_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Papernot et al. 2021 CIFAR-10 CNN (32-32-pool-64-64-pool-128-128-pool, dense 128) with
     GroupNorm(8 groups) after each conv; 32x32 -> 16 -> 8 -> 4. About 550k parameters."""
+    from torch import nn
+
     channels = input_shape[0]
     return nn.Sequential(
         *_conv_block(channels, 32),
@@ -114,6 +125,8 @@ def _cifar_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 
 def _digits_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Small CNN for 8x8 images: 8x8 -> 4x4 -> 2x2, then a 32-unit dense layer."""
+    from torch import nn
+
     channels = input_shape[0]
     return nn.Sequential(
         nn.Conv2d(channels, 16, kernel_size=3, padding=1),
@@ -263,6 +276,9 @@ def check_dp_compatible(model: nn.Module) -> None:
     averages computed from the private batch without noise, which leak into the released model.
     GroupNorm and LayerNorm work per example and are fine.
     """
+    from torch.nn.modules.batchnorm import _BatchNorm
+    from torch.nn.modules.instancenorm import _InstanceNorm
+
     offenders: list[tuple[str, nn.Module, str]] = []
     for layer_name, module in model.named_modules():
         if isinstance(module, _BatchNorm):

@@ -37,6 +37,19 @@ def test_privacy_dpsgd_json_matches_the_library_and_does_not_import_torch():
     assert result == {"epsilon": expected.value, "delta": 1e-5, "accountant": "pld"}
 
 
+@pytest.mark.parametrize("command, first_name", [("datasets", "mnist"), ("models", "mnist_cnn")])
+def test_registry_listings_answer_without_importing_torch(command, first_name):
+    code = (
+        f"import sys; from engine.cli import main; sys.argv=['dpw', {command!r}]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('torch', 'torchvision', 'sklearn') if m in sys.modules]\n"
+        "assert not heavy, f'imported {heavy}'"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == first_name
+
+
 def test_privacy_calibrate_json_round_trips():
     result = CliRunner().invoke(cli, ["privacy", "calibrate", "--sample-rate", "0.01", "--steps", "1000",
                                       "--epsilon", "2", "--delta", "1e-5", "--json"])
