@@ -24,6 +24,7 @@ SCHEMA_VERSION = 1
 MECHANISMS = ("dpsgd", "pate", "none")
 PATE_AGGREGATORS = ("confident", "gnmax", "lnmax")
 PATE_BUDGET_ON = ("data-independent", "data-dependent")
+RELEASE_PARAMETERS = ("data-independent", "data-dependent")
 # The noise settings each PATE aggregator uses (the others are ignored for that aggregator).
 AGGREGATOR_FIELDS = {
     "lnmax": ("laplace_scale",),
@@ -353,6 +354,31 @@ class RunConfig:
         "pseudo-labels that must stay consistent under augmentation). Costs no privacy: it only "
         "post-processes released labels and public data.", kind=bool, mechanisms=("pate",), group="pate",
     )
+    release_parameters: str = _spec(
+        "data-independent", label="Release parameters chosen",
+        help="How the order, beta and sigma of the smooth-sensitivity release of PATE's data-dependent epsilon "
+        "are chosen (GNMax and Confident GNMax). data-independent: from public settings only (teachers, "
+        "queries, aggregator noise, delta; engine.privacy.pate_smooth.data_independent_parameters), so the "
+        "released epsilon covers the choice. data-dependent: the paper's choice by looking at the votes, "
+        "which no reported epsilon covers. release_order, release_beta and release_sigma override either.",
+        kind=str, choices=RELEASE_PARAMETERS, mechanisms=("pate",), group="pate",
+    )
+    release_order: float | None = _spec(
+        None, label="Release order", help="RDP order at which the data-dependent cost is released. Unset: "
+        "chosen as release_parameters says.", kind=float, minimum=1.0, maximum=1000.0, exclusive_minimum=True,
+        optional=True, mechanisms=("pate",), group="pate",
+    )
+    release_beta: float | None = _spec(
+        None, label="Release beta", help="Smoothness beta of the smooth sensitivity; must be below "
+        "1 / (2 release order). Unset: chosen as release_parameters says.", kind=float, minimum=0.0,
+        maximum=0.5, exclusive_minimum=True, exclusive_maximum=True, optional=True, mechanisms=("pate",),
+        group="pate",
+    )
+    release_sigma: float | None = _spec(
+        None, label="Release sigma", help="sigma_ss: the release noise is N(0, sigma^2) times the smooth "
+        "sensitivity. Unset: chosen as release_parameters says.", kind=float, minimum=0.0, maximum=1e6,
+        exclusive_minimum=True, optional=True, mechanisms=("pate",), group="pate",
+    )
 
     seed: int = _spec(
         0, label="Seed", help="Seeds initialisation, splits, shards, augmentation and training order, so "
@@ -594,6 +620,15 @@ def _pate_errors(values: dict[str, Any]) -> list[ConfigError]:
                 "threshold",
                 f"{threshold:g} is above num_teachers = {teachers}: no vote count can reach it without noise",
                 hint=f"allowed: 0 to {teachers}; the papers use about 0.8 x num_teachers (200 of 250)",
+            )
+        )
+    order, beta = values.get("release_order"), values.get("release_beta")
+    if order is not None and beta is not None and not beta < 1.0 / (2.0 * order):
+        errors.append(
+            ConfigError(
+                "release_beta",
+                f"{beta:g} is not below 1 / (2 release_order) = {1.0 / (2.0 * order):.4g}",
+                hint="lower release_beta (the authors use 0.3 to 0.49 divided by the order) or the order",
             )
         )
     pool, queries = values.get("public_pool_size"), values.get("num_queries")

@@ -145,3 +145,53 @@ def test_released_value_moves_with_the_noise_draw():
     assert high.rdp_released - low.rdp_released == pytest.approx(2 * high.smooth_sensitivity * high.sigma_ss)
     with pytest.raises(ValueError, match="gnmax"):
         pate_smooth.release_epsilon(noise=0.0, votes=votes, mechanism="lnmax", delta=1e-5)
+
+
+# ---- parameters fixed before the votes -------------------------------------------------------------
+PUBLIC = dict(mechanism="confident", num_teachers=250, num_queries=120, num_classes=10, threshold=200.0,
+              sigma1=150.0, sigma2=40.0, delta=1e-5)
+
+
+def test_data_independent_parameters_are_the_authors_search_on_unanimous_votes():
+    params = pate_smooth.data_independent_parameters(**PUBLIC)
+    unanimous = np.zeros((120, 10))
+    unanimous[:, 3] = 250  # which class does not matter
+    searched = pate_smooth.release_epsilon(votes=unanimous, mechanism="confident", threshold=200.0, sigma1=150.0,
+                                           sigma2=40.0, delta=1e-5, noise=0.0, num_teachers=250)
+    assert params.order == searched.order
+    assert params.beta == pytest.approx(searched.beta, rel=1e-12)
+    assert params.sigma_ss == pytest.approx(searched.sigma_ss, rel=1e-9)
+    assert 1.0 < params.order and 0.0 < params.beta < 1.0 / (2.0 * params.order) and params.sigma_ss > 0
+
+
+def test_fixed_parameters_do_not_move_with_the_votes():
+    params = pate_smooth.data_independent_parameters(**PUBLIC)
+    kw = dict(mechanism="confident", threshold=200.0, sigma1=150.0, sigma2=40.0, delta=1e-5, noise=0.0,
+              num_teachers=250, order=params.order, beta=params.beta, sigma_ss=params.sigma_ss)
+    releases = [pate_smooth.release_epsilon(votes=synthetic_votes(np.random.default_rng(seed), 120), **kw)
+                for seed in (3, 4)]
+    searched = [pate_smooth.release_epsilon(votes=synthetic_votes(np.random.default_rng(seed), 120),
+                                            **{k: v for k, v in kw.items() if k not in ("order", "beta", "sigma_ss")})
+                for seed in (3, 4)]
+    for rel in releases:
+        assert (rel.order, rel.beta, rel.sigma_ss) == (params.order, params.beta, params.sigma_ss)
+        assert not rel.parameters_from_data
+    assert releases[0].rdp_data_dependent != releases[1].rdp_data_dependent
+    assert all(s.parameters_from_data for s in searched)
+    # The public rule is a little looser than looking at the votes, and still far below the worst case.
+    for rel, best in zip(releases, searched):
+        assert best.epsilon_released <= rel.epsilon_released
+    worst = pate.pate_epsilon(votes=synthetic_votes(np.random.default_rng(3), 120), mechanism="confident",
+                              threshold=200.0, sigma1=150.0, sigma2=40.0, delta=1e-5).epsilon_data_independent
+    assert releases[0].epsilon_released < worst
+
+
+def test_data_independent_parameters_depend_on_the_public_settings():
+    base = pate_smooth.data_independent_parameters(**PUBLIC)
+    more = pate_smooth.data_independent_parameters(**dict(PUBLIC, num_queries=1200))
+    assert (more.order, more.beta, more.sigma_ss) != (base.order, base.beta, base.sigma_ss)
+    gnmax = pate_smooth.data_independent_parameters(mechanism="gnmax", sigma=40.0, num_teachers=250, num_queries=120,
+                                                    num_classes=10, delta=1e-5)
+    assert gnmax.order > 1.0
+    with pytest.raises(ValueError, match="lnmax"):
+        pate_smooth.data_independent_parameters(**dict(PUBLIC, mechanism="lnmax"))
