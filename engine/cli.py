@@ -60,7 +60,7 @@ def open_store(db: Path | None):
 def cli() -> None:
     """DP Workbench: train models with differential privacy and state the guarantee.
 
-    Example: dpw run resources/examples/dpsgd-mnist-quick.toml --data-dir ../shared/data
+    Example: dpw run resources/examples/quickstart.toml
     """
 
 
@@ -71,11 +71,18 @@ def cli() -> None:
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where registered datasets' files are (overrides the config's data_dir).")
 @click.option("--name", default=None, help="Name of the run (overrides the config's name).")
+@click.option("--download", is_flag=True,
+              help="Fetch the dataset's files into the data folder if they are missing (sets allow_download; "
+              "needs network).")
 @click.option("--json", "as_json", is_flag=True, help="Print the events as JSON lines instead of a progress bar.")
-def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | None, as_json: bool) -> None:
+def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | None, download: bool,
+        as_json: bool) -> None:
     """Train one run from a TOML config in a background engine process.
 
-    Example: dpw run resources/examples/dpsgd-mnist-quick.toml --data-dir ../shared/data
+    The config is checked against its data first (files present, delta below 1/N, the model fits
+    the data, ...): a config that cannot train prints one line and stores no run.
+
+    Example: dpw run resources/examples/quickstart.toml
     """
     from engine.config import RunConfig
 
@@ -87,7 +94,12 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
         changes["data_dir"] = str((config_file.parent / config.data_dir).resolve())
     if name:
         changes["name"] = name
+    if download:
+        changes["allow_download"] = True
     config = config.replace(**changes) if changes else config
+    from engine.precheck import check_before_storing
+
+    check_before_storing(config)
     store = open_store(db)
     run_id = store.create_run(config)
     status = follow_runner(store.path, run_id, as_json=as_json)

@@ -610,9 +610,11 @@ def _manual_instructions(info: DatasetInfo, folder: Path) -> str:
 def _missing_files_error(info: DatasetInfo, folder: Path, missing: Sequence[str]) -> DataError:
     where = "the folder does not exist" if not folder.exists() else f"missing: {', '.join(missing)}"
     return DataError(
-        f"{info.name}: dataset files not found in {folder} ({where}); {_manual_instructions(info, folder)}, "
-        f"point the data folder there (data_dir or ${DATA_DIR_ENV}), or allow downloading",
-        hint="set allow_download to fetch the files when this machine has network access",
+        f"{info.name}: dataset files not found in {folder} ({where}); {_manual_instructions(info, folder)} "
+        f"(or give data_dir, --data-dir or ${DATA_DIR_ENV} the folder that holds {info.folder}/), "
+        f"or allow downloading",
+        hint=f"with network access, `dpw run --download` (allow_download = true in a config) fetches them once "
+        f"into {folder}",
     )
 
 

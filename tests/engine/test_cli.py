@@ -150,3 +150,70 @@ def test_engine_never_imports_qt():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert out.returncode == 0, out.stderr
+
+
+# ---- checks before a run is stored ----------------------------------------------------------------
+MNIST_FILE_NAMES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+                    "t10k-labels-idx1-ubyte.gz")
+
+
+def offline_env(data_dir: Path) -> dict[str, str]:
+    """An empty data folder, and every HTTP(S) request sent to a closed local port: nothing can download."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("no_proxy", "all_proxy")}
+    closed = "http://127.0.0.1:9"
+    env.update(DPW_DATA_DIR=str(data_dir), http_proxy=closed, https_proxy=closed, HTTP_PROXY=closed,
+               HTTPS_PROXY=closed)
+    return env
+
+
+def stored_runs(db: Path) -> list:
+    return json.loads(dpw("list", "--db", str(db), "--json").stdout) if db.exists() else []
+
+
+@pytest.mark.parametrize(
+    "config_text, words",
+    [
+        ('dataset = "digits"\nnoise_multiplier = 1.1\ndelta = 0.01\n', ["delta: 0.01 is not below 1/N", "N = 1438"]),
+        ('dataset = "breast-cancer"\nmodel = "mnist_cnn"\nnoise_multiplier = 1.1\ndelta = 1e-5\n',
+         ["model 'mnist_cnn' does not fit input shape (30,)", "mlp, logistic"]),
+        ('dataset = "no-such-data.csv"\nnoise_multiplier = 1.1\n', ["no-such-data.csv: file not found"]),
+    ],
+)
+def test_config_that_cannot_train_prints_one_line_and_stores_no_run(tmp_path, config_text, words):
+    config = tmp_path / "bad.toml"
+    config.write_text(config_text)
+    db = tmp_path / "r.sqlite"
+    ran = dpw("run", str(config), "--db", str(db))
+    assert ran.returncode == 1
+    assert ran.stdout == "" and len(ran.stderr.strip().splitlines()) == 1, ran.stderr
+    assert ran.stderr.startswith("error: ") and "Traceback" not in ran.stderr
+    for word in words:
+        assert word in ran.stderr
+    assert stored_runs(db) == []
+
+
+def test_missing_mnist_offline_says_which_files_go_where_and_stores_no_run(tmp_path):
+    config = tmp_path / "mnist.toml"
+    config.write_text('dataset = "mnist"\nnoise_multiplier = 1.1\n')
+    db = tmp_path / "r.sqlite"
+    ran = dpw("run", str(config), "--db", str(db), env=offline_env(tmp_path / "data"))
+    assert ran.returncode == 1 and len(ran.stderr.strip().splitlines()) == 1, ran.stderr
+    assert f"not found in {tmp_path / 'data' / 'mnist'}" in ran.stderr
+    assert all(name in ran.stderr for name in MNIST_FILE_NAMES)
+    assert "dpw run --download" in ran.stderr
+    assert stored_runs(db) == []
+
+
+def test_download_flag_tries_to_fetch_mnist_and_offline_says_where_to_put_the_files(tmp_path):
+    config = tmp_path / "mnist.toml"
+    config.write_text('dataset = "mnist"\nnoise_multiplier = 1.1\n')
+    db = tmp_path / "r.sqlite"
+    folder = tmp_path / "data" / "mnist"
+    ran = dpw("run", str(config), "--db", str(db), "--download", env=offline_env(tmp_path / "data"))
+    assert ran.returncode == 1, ran.stderr
+    last = ran.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: mnist: download into {folder} failed (URLError")
+    assert all(name in last for name in MNIST_FILE_NAMES) and f"in {folder}" in last
+    assert stored_runs(db) == []
