@@ -489,6 +489,56 @@ def privacy_calibrate(sample_rate: float, steps: int, epsilon: float, delta: flo
         click.echo(f"noise multiplier = {sigma:.6g} ({accountant})")
 
 
+@privacy.command("tuning")
+@click.option("--sample-rate", type=float, required=True, help="Each candidate's Poisson sampling rate q.")
+@click.option("--noise-multiplier", type=float, required=True, help="Each candidate's noise multiplier.")
+@click.option("--steps", type=click.IntRange(min=0), required=True, help="Each candidate's number of training steps.")
+@click.option("--delta", type=float, required=True, help="Target delta.")
+@click.option("--mean-runs", type=float, required=True, help="Expected number of candidate runs K (>= 1).")
+@click.option("--shape", type=float, required=True,
+              help="Distribution of K: truncated negative binomial shape eta > -1 (0 logarithmic, 1 geometric), "
+              "or inf for Poisson.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"epsilon", "delta", "single_run_epsilon", ...}.')
+def privacy_tuning(sample_rate: float, noise_multiplier: float, steps: int, delta: float, mean_runs: float,
+                   shape: float, as_json: bool) -> None:
+    """Epsilon of a private tuning study: a random number K of DP-SGD candidates, only the best released.
+
+    Papernot & Steinke (ICLR 2022), Theorems 2 and 6, from each candidate's RDP curve. The score
+    used to pick the best must itself be private (or computed on public data); its cost is not
+    included here.
+
+    Example: dpw privacy tuning --sample-rate 0.004267 --noise-multiplier 1.1 --steps 9375 --delta 1e-5 --mean-runs 8 --shape 1 --json
+    """
+    from engine.privacy import tuning
+
+    _check_number("sample-rate", sample_rate, 0.0, 1.0)
+    _check_number("noise-multiplier", noise_multiplier, 0.0, 1e4)
+    _check_number("delta", delta, 0.0, 1.0, open_high=True)
+    _check_number("mean-runs", mean_runs, 1.0, 1e9, open_low=False)
+    _check_number("shape", shape, -1.0, math.inf)
+    try:
+        result = tuning.tuning_epsilon(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps,
+                                       delta=delta, mean_runs=mean_runs, shape=shape)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    eps, single = result.epsilon, result.single_run
+    if as_json:
+        click.echo(json.dumps({"epsilon": eps.value, "delta": eps.delta, "single_run_epsilon": single.value,
+                               "accountant": eps.accountant, "mean_runs": result.mean_runs,
+                               "shape": "inf" if math.isinf(result.shape) else result.shape, "gamma": result.gamma}))
+        return
+    if math.isinf(result.shape):
+        law = f"Poisson with mean {result.mean_runs:g} (no run at all with probability {math.exp(-result.mean_runs):.3g})"
+    else:
+        law = f"truncated negative binomial, shape {result.shape:g}, mean {result.mean_runs:g} (gamma = {result.gamma:.6g})"
+    click.echo("\n".join([
+        f"K candidates ~ {law}; only the best is released",
+        f"  epsilon (study)    = {eps.value:.6g} at delta = {eps.delta:g} ({eps.accountant}, order {eps.order:g})"
+        if eps.order is not None else f"  epsilon (study)    = {eps.value:.6g} at delta = {eps.delta:g} ({eps.accountant})",
+        f"  epsilon (one run)  = {single.value:.6g} (same analysis; dpw privacy dpsgd gives the tighter pld figure)",
+    ]))
+
+
 def _load_npy(path: Path, what: str):
     import numpy as np
 

@@ -7,6 +7,7 @@ removing one example. Every function returns an upper bound on epsilon (or delta
     rdp.py          Renyi DP of the subsampled Gaussian and the RDP -> (eps, delta) conversion
     pld.py          privacy loss distributions: tight (eps, delta), pessimistic discretisation
     accountants.py  what the trainer, CLI and window call (named accountants, curves, budgets)
+    tuning.py       a tuning study: K random candidates, best released (repeat-and-select RDP)
 """
 
 from engine.privacy.accountants import (
@@ -20,6 +21,7 @@ from engine.privacy.accountants import (
 )
 from engine.privacy.pld import pld_delta, pld_epsilon
 from engine.privacy.rdp import DEFAULT_ORDERS, compute_rdp, rdp_to_epsilon
+from engine.privacy.tuning import TuningEpsilon, repeat_and_select_rdp, sample_num_runs, tuning_epsilon
 from engine.privacy.types import Epsilon
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "DEFAULT_ORDERS",
     "NOISE_MULTIPLIER_RANGE",
     "Epsilon",
+    "TuningEpsilon",
     "LiveAccountant",
     "calibrate_noise_multiplier",
     "compute_rdp",
@@ -36,4 +39,7 @@ __all__ = [
     "pld_delta",
     "pld_epsilon",
     "rdp_to_epsilon",
+    "repeat_and_select_rdp",
+    "sample_num_runs",
+    "tuning_epsilon",
 ]
