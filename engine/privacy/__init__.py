@@ -7,6 +7,7 @@ removing one example. Every function returns an upper bound on epsilon (or delta
     rdp.py          Renyi DP of the subsampled Gaussian and the RDP -> (eps, delta) conversion
     pld.py          privacy loss distributions: tight (eps, delta), pessimistic discretisation
     accountants.py  what the trainer, CLI and window call (named accountants, curves, budgets)
+    risk.py         epsilon in attacker's terms: f-DP trade-off curve, advantage, TPR, posterior
     tuning.py       a tuning study: K random candidates, best released (repeat-and-select RDP)
 """
 
@@ -21,11 +22,29 @@ from engine.privacy.accountants import (
 )
 from engine.privacy.pld import pld_delta, pld_epsilon
 from engine.privacy.rdp import DEFAULT_ORDERS, compute_rdp, rdp_to_epsilon
+from engine.privacy.risk import (
+    AttackRisk,
+    PrivacyProfile,
+    attack_risk,
+    calibrate_noise_multiplier_for_attack,
+    dpsgd_attack_risk,
+    dpsgd_privacy_profile,
+    highest_tpr,
+    rdp_privacy_profile,
+)
 from engine.privacy.tuning import TuningEpsilon, repeat_and_select_rdp, sample_num_runs, tuning_epsilon
 from engine.privacy.types import Epsilon
 
 __all__ = [
     "ACCOUNTANTS",
+    "AttackRisk",
+    "PrivacyProfile",
+    "attack_risk",
+    "calibrate_noise_multiplier_for_attack",
+    "dpsgd_attack_risk",
+    "dpsgd_privacy_profile",
+    "highest_tpr",
+    "rdp_privacy_profile",
     "DEFAULT_ORDERS",
     "NOISE_MULTIPLIER_RANGE",
     "Epsilon",
