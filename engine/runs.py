@@ -19,6 +19,7 @@ from engine.config import RunConfig
 from engine.datasets import Dataset, load_dataset
 from engine.dpsgd import trainer
 from engine.models import build_model, check_dp_compatible, default_model_for
+from engine.randomness import randomness_summary
 
 Emit = Callable[..., Any]
 
@@ -85,6 +86,8 @@ class PreparedRun:
             summary.update(epsilon=result.epsilon.value, delta=result.epsilon.delta, accountant=result.epsilon.accountant)
         if self.plan.noise_multiplier is not None:
             summary["noise_multiplier"] = self.plan.noise_multiplier
+        if self.plan.private:
+            summary["randomness"] = randomness_summary(self.config)
         summary["per_class_accuracy"] = per_class_accuracy(
             trainer.predict(self.model, self.data.x_test.to(self.device)).cpu(), self.data.y_test, self.data.class_names
         )
@@ -199,6 +202,7 @@ def prepare(config: RunConfig, *, emit: Emit = _noop) -> PreparedRun:
         delta=plan.delta if plan.private else None,
         accountant=plan.accountant if plan.private else None,
         epsilon_budget=config.epsilon_budget,
+        randomness=randomness_summary(config) if plan.private else None,
         software=software_versions(),
         threads=torch.get_num_threads(),
     )

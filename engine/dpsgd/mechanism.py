@@ -1,22 +1,52 @@
 """The three privacy mechanisms of DP-SGD, each small enough to test statistically.
 
-- Poisson sampling: every example joins a step independently with probability q.
+- Poisson sampling: every example joins a step independently with probability (at most) q.
 - Per-example clipping: each example's gradient is scaled to L2 norm at most C.
 - Gaussian noise: N(0, (sigma*C)^2) on every coordinate of the sum of clipped gradients.
+
+Sampling and noise draw from the run's private randomness (`engine.randomness`): a secret torch
+generator ("standard" noise sampler) or a `SecureGenerator` ("hardened").
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from engine.randomness import SecureGenerator
+
 NORM_EPS = 1e-6  # keeps the clip factor finite for zero gradients; makes norms <= C strictly
+SAMPLING_BITS = 62  # inclusion draws are uniform integers in [0, 2^62)
+
+PrivateGenerator = torch.Generator | SecureGenerator
 
 
-def poisson_sample(num_examples: int, sample_rate: float, generator: torch.Generator) -> torch.Tensor:
-    """Indices of the examples in one Poisson-sampled batch (its size varies, mean q*N)."""
-    device = generator.device
-    mask = torch.rand(num_examples, generator=generator, device=device) < sample_rate
-    return mask.nonzero().squeeze(1)
+def inclusion_threshold(sample_rate: float) -> int:
+    """floor(q * 2^62): an example joins a batch when a uniform integer in [0, 2^62) is below it.
+
+    Its inclusion probability is then threshold / 2^62, never above q and below it by less than
+    2^-62; the accountant's q is an upper bound, as the proof needs. (Comparing float32 uniforms
+    with q gave ceil(q * 2^24) / 2^24, above q.) q * 2^62 is exact in floating point (a power of two).
+    """
+    if not 0.0 <= sample_rate <= 1.0:
+        raise ValueError(f"sample_rate must be in [0, 1]; got {sample_rate!r}")
+    return math.floor(sample_rate * 2.0**SAMPLING_BITS)
+
+
+def poisson_sample(num_examples: int, sample_rate: float, generator: PrivateGenerator,
+                   device: torch.device | str | None = None) -> torch.Tensor:
+    """Indices of the examples in one Poisson-sampled batch (its size varies, mean q*N).
+
+    `device`: where the indices go when `generator` is a SecureGenerator (a torch generator draws on
+    its own device)."""
+    threshold = inclusion_threshold(sample_rate)
+    if isinstance(generator, SecureGenerator):
+        draws = torch.from_numpy(generator.integers62(num_examples)).to(device or "cpu")
+    else:
+        draws = torch.randint(0, 2**SAMPLING_BITS, (num_examples,), generator=generator, device=generator.device,
+                              dtype=torch.int64)
+    return (draws < threshold).nonzero().squeeze(1)
 
 
 def per_example_norms(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -43,10 +73,19 @@ def clipped_sum(grads: list[torch.Tensor], clipping_norm: float) -> tuple[list[t
 
 
 def add_gaussian_noise(
-    summed: list[torch.Tensor], *, noise_multiplier: float, clipping_norm: float, generator: torch.Generator
+    summed: list[torch.Tensor], *, noise_multiplier: float, clipping_norm: float, generator: PrivateGenerator
 ) -> list[torch.Tensor]:
-    """Add N(0, (noise_multiplier * clipping_norm)^2) to every coordinate."""
+    """Add N(0, (noise_multiplier * clipping_norm)^2) to every coordinate.
+
+    A torch generator: torch.randn in the gradient's dtype (fast). A SecureGenerator (hardened): the
+    noise is drawn in float64 as a sum of independent Gaussians from CSPRNG bits, added to the sum in
+    float64 and rounded once to the gradient's dtype (see `SecureGenerator` for what that defends)."""
     std = noise_multiplier * clipping_norm
+    if isinstance(generator, SecureGenerator):
+        return [
+            (s.double() + torch.from_numpy(generator.normal(0.0, std, tuple(s.shape))).to(s.device)).to(s.dtype)
+            for s in summed
+        ]
     return [
         s + std * torch.randn(s.shape, generator=generator, device=s.device, dtype=s.dtype) for s in summed
     ]

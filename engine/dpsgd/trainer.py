@@ -24,6 +24,7 @@ from engine.errors import ConfigError, DPWError
 from engine.dpsgd import mechanism
 from engine.dpsgd.fast_layers import accelerate_model
 from engine.dpsgd.per_sample import per_example_gradients
+from engine.randomness import PrivateRandomness, seeded_torch_generator
 
 Emit = Callable[..., Any]
 
@@ -151,7 +152,7 @@ class DPSGDStep:
         noise_multiplier: float,
         expected_batch_size: int,
         max_physical_batch_size: int,
-        noise_generator: torch.Generator,
+        noise_generator: mechanism.PrivateGenerator,
     ):
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = optimizer
@@ -216,7 +217,10 @@ def train(
     emit: Emit,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> TrainResult:
-    """Train `model` on `data` under `plan`, emitting metric/privacy/progress events."""
+    """Train `model` on `data` under `plan`, emitting metric/privacy/progress events.
+
+    `config.seed` fixes the initial weights and the non-private baseline's order; a private run's
+    Poisson sampling and noise come from the run's private randomness (engine.randomness)."""
     torch.manual_seed(config.seed)
     accelerate_model(model.to(device).train())
     x_train, y_train = data.x_train.to(device), data.y_train.to(device)
@@ -224,8 +228,9 @@ def train(
     n = x_train.shape[0]
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(config, params)
-    sampler_gen = torch.Generator(device=device).manual_seed(config.seed * 2 + 1)
     if plan.private:
+        private = PrivateRandomness.for_run(config)
+        sampler_gen = private.torch_generator("poisson_sampling", device)
         step_fn = DPSGDStep(
             model,
             optimizer,
@@ -233,9 +238,10 @@ def train(
             noise_multiplier=plan.noise_multiplier,
             expected_batch_size=config.expected_batch_size,
             max_physical_batch_size=config.max_physical_batch_size,
-            noise_generator=torch.Generator(device=device).manual_seed(config.seed * 2 + 2),
+            noise_generator=private.torch_generator("dpsgd_noise", device),
         )
     else:
+        sampler_gen = seeded_torch_generator(config.seed, "baseline_order", device)
         step_fn = NonPrivateStep(model, optimizer)
     live = (
         privacy.LiveAccountant(
@@ -270,7 +276,7 @@ def train(
             )
             break
         if plan.private:
-            idx = mechanism.poisson_sample(n, plan.sample_rate, sampler_gen)
+            idx = mechanism.poisson_sample(n, plan.sample_rate, sampler_gen, device)
         else:
             # Non-private baseline: shuffled fixed-size batches.
             offset = (step * config.expected_batch_size) % n

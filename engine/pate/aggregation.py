@@ -1,12 +1,14 @@
-"""The noisy aggregators that release the teachers' plurality vote (numpy, seeded).
+"""The noisy aggregators that release the teachers' plurality vote (numpy).
 
 - LNMax [Papernot et al. 2017, Eq. 1]: argmax_j (n_j + Lap(b)).
 - GNMax [Papernot et al. 2018, Sec. 4.1]: argmax_j (n_j + N(0, sigma^2)).
 - Confident GNMax [Papernot et al. 2018, Algorithm 1]: answer only if
   max_j n_j + N(0, sigma1^2) >= T, then GNMax with sigma2; otherwise release "rejected" (-1).
 
-Their privacy costs are in `engine.privacy.pate`. The noise comes from a `numpy.random.Generator`
-that the caller seeds; nothing here is private state.
+Their privacy costs are in `engine.privacy.pate`. The noise comes from the generator the caller
+passes: in a run, the run's private randomness (`engine.randomness`: a secret numpy generator, or a
+SecureGenerator with the hardened noise sampler), never one seeded from the public `seed` unless
+reproducible_noise is on. Nothing here is private state.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from engine.randomness import SecureGenerator
 
 AGGREGATORS = ("confident", "gnmax", "lnmax")
 REJECTED = -1
@@ -36,7 +40,7 @@ def aggregate(
     votes: np.ndarray,
     *,
     aggregator: str,
-    rng: np.random.Generator,
+    rng: np.random.Generator | SecureGenerator,
     laplace_scale: float | None = None,
     sigma: float | None = None,
     threshold: float | None = None,

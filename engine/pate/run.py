@@ -8,12 +8,15 @@ data-dependent epsilon with smooth-sensitivity noise, and trains the student on 
 `.finish()` writes the vote rows and saves the student (never a teacher).
 
 Epsilons of a run:
-- data-dependent ("pate-dd"): the papers' bound from the votes; the live curve, the budget and the
-  run's `epsilon` column. It depends on the private votes: not itself safe to publish.
+- data-dependent ("pate-dd"): the papers' bound from the votes. It depends on the private votes:
+  not itself safe to publish; an internal diagnostic (and the budget's, if asked for).
 - data-independent ("pate-di"): from the noise settings and the number of (answered) queries.
 - released ("pate-released"): the data-dependent cost plus Gaussian noise scaled to its smooth
-  sensitivity, plus the cost of that release (Papernot et al. 2018, App. C): safe to publish. For
-  LNMax it is the data-independent value.
+  sensitivity, plus the cost of that release (Papernot et al. 2018, App. C), with its order, beta
+  and sigma fixed from public settings by default (`release_parameters`). For LNMax it is the
+  data-independent value.
+The run's `epsilon` column holds the publishable one, min(data-independent, released), with the
+accountant that gave it (engine.publication decides this for every view).
 
 Store note: the `votes` table holds the teachers' raw vote counts, which are NOT private outputs
 (only what the aggregator released is); keep the store file inside the trust boundary.
@@ -45,6 +48,7 @@ from engine.pate.teachers import Teachers, build_teachers, train_teachers, vote_
 from engine.privacy import pate as analysis
 from engine.privacy import pate_smooth
 from engine.privacy.types import Epsilon
+from engine.publication import pate_publishable
 
 Emit = Callable[..., Any]
 
@@ -328,10 +332,11 @@ class PreparedPATERun:
         else:
             z = float(np.random.default_rng(_seed(config, 7)).standard_normal())
             rel = pate_smooth.release_epsilon(votes=votes, answered=answered, delta=config.delta, noise=z,
-                                              num_teachers=config.num_teachers, **params.analysis)
+                                              num_teachers=config.num_teachers, **params.analysis,
+                                              **release_parameters(config, self.data.num_classes))
             result.released = rel
-            # Not min(released, data-independent): once the noisy value exists, anything chosen by looking
-            # at it carries its release cost. Which value to publish is fixed in advance, by the aggregator.
+            # Publishable: min(released, data-independent) (engine.publication), post-processing of two
+            # released values; the release's own parameters were fixed before the votes (by default).
             result.epsilon_released = rel.epsilon_released
             if not rel.conditions_hold:
                 emit("warning", message=f"the smooth-sensitivity conditions C5-C6 failed the numerical check at "
@@ -347,14 +352,16 @@ class PreparedPATERun:
             "num_test": int(self.x_holdout.shape[0]),
             "steps_planned": self.num_queries,
             "delta": self.config.delta,
-            "accountant": analysis.ACCOUNTANT_DATA_DEPENDENT,
+            "accountant": analysis.ACCOUNTANT_DATA_INDEPENDENT,
         }
         if result is not None:
             fields.update(steps_done=result.queries_processed, stop_reason=result.stop_reason,
                           accuracy=result.test_accuracy,
                           epochs_done=result.student.epochs_done if result.student else 0)
             if result.analysis is not None:
-                fields.update(epsilon=result.analysis.epsilon_data_dependent)
+                epsilon, accountant = pate_publishable(result.analysis.epsilon_data_independent,
+                                                       result.epsilon_released)
+                fields.update(epsilon=epsilon, accountant=accountant)
         return fields
 
     def summary(self, result: PATEResult) -> dict[str, Any]:
@@ -376,9 +383,9 @@ class PreparedPATERun:
                                            "max": float(acc.max()), "std": float(acc.std())}
         if result.analysis is not None:
             a = result.analysis
-            summary.update(epsilon=a.epsilon_data_dependent, epsilon_data_dependent=a.epsilon_data_dependent,
-                           epsilon_data_independent=a.epsilon_data_independent, delta=a.delta,
-                           accountant=analysis.ACCOUNTANT_DATA_DEPENDENT, order=a.order,
+            epsilon, accountant = pate_publishable(a.epsilon_data_independent, result.epsilon_released)
+            summary.update(epsilon=epsilon, accountant=accountant, epsilon_data_dependent=a.epsilon_data_dependent,
+                           epsilon_data_independent=a.epsilon_data_independent, delta=a.delta, order=a.order,
                            epsilon_released=result.epsilon_released)
         if result.released is not None:
             r = result.released
@@ -434,6 +441,26 @@ def _aggregator_params(config: RunConfig) -> _AggregatorParams:
     return _AggregatorParams(values, {"mechanism": "confident", **values})
 
 
+def release_parameters(config: RunConfig, num_classes: int) -> dict[str, float]:
+    """Order, beta and sigma_ss of the smooth-sensitivity release, as far as they are fixed before any
+    vote: the config's values, the rest from public settings (`release_parameters =
+    "data-independent"`, pate_smooth.data_independent_parameters); with "data-dependent" the unset
+    ones are left to release_epsilon's search over the votes. Empty for LNMax (nothing released)."""
+    if config.aggregator == "lnmax":
+        return {}
+    fixed = {"order": config.release_order, "beta": config.release_beta, "sigma_ss": config.release_sigma}
+    if config.release_parameters == "data-independent":
+        analysis_params = _aggregator_params(config).analysis
+        try:
+            chosen = pate_smooth.data_independent_parameters(
+                num_teachers=config.num_teachers, num_queries=config.num_queries, num_classes=num_classes,
+                delta=config.delta, **analysis_params, **fixed)
+        except ValueError as exc:  # e.g. a release_beta too large for the order chosen
+            raise ConfigError("release_beta", str(exc), hint="set release_order too, or leave release_beta unset")
+        return dataclasses.asdict(chosen)
+    return {k: v for k, v in fixed.items() if v is not None}
+
+
 def planned_epsilon_data_independent(config: RunConfig) -> float:
     """The data-independent epsilon if all `num_queries` queries were answered (an upper bound
     known before training)."""
@@ -483,8 +510,9 @@ def prepare_pate(config: RunConfig, data: Dataset, *, emit: Emit = _noop) -> Pre
         noise_multiplier=None,
         noise_calibrated=False,
         delta=config.delta,
-        accountant=analysis.ACCOUNTANT_DATA_DEPENDENT,
+        accountant=analysis.ACCOUNTANT_DATA_INDEPENDENT,
         epsilon_budget=config.epsilon_budget,
+        release_parameters=release_parameters(config, data.num_classes) or None,
         epsilon_data_independent_if_all_answered=planned_epsilon_data_independent(config),
     )
     if shard < 50:

@@ -1,4 +1,5 @@
-"""The training loop in-process on built-in data: reproducible, non-private baseline, chunking."""
+"""The training loop in-process on built-in data: reproducible (with reproducible_noise), non-private
+baseline, chunking. Secret-noise runs differing from each other: tests/engine/test_randomness.py."""
 
 import torch
 
@@ -14,15 +15,35 @@ def run_losses(**values):
     return result, losses, events, prepared
 
 
-BASE = dict(dataset="digits", noise_multiplier=1.0, expected_batch_size=64, epochs=2, learning_rate=0.5, seed=5)
+# reproducible_noise: these tests compare runs step by step, so the noise and batches must repeat.
+BASE = dict(dataset="digits", noise_multiplier=1.0, expected_batch_size=64, epochs=2, learning_rate=0.5, seed=5,
+            reproducible_noise=True)
 
 
-def test_same_seed_gives_the_same_run_and_another_seed_does_not():
-    _, a, _, _ = run_losses(**BASE)
-    _, b, _, _ = run_losses(**BASE)
+def test_reproducible_noise_repeats_a_run_exactly_and_another_seed_does_not():
+    _, a, _, p1 = run_losses(**BASE)
+    _, b, _, p2 = run_losses(**BASE)
     _, c, _, _ = run_losses(**{**BASE, "seed": 6})
     assert a == b
+    assert all(torch.equal(x, y) for x, y in zip(p1.model.parameters(), p2.model.parameters()))
     assert a != c
+
+
+def test_default_runs_of_one_config_differ():
+    """Secret noise and sampling: the same config and seed give different losses and weights."""
+    values = {**BASE, "reproducible_noise": False, "epochs": 1}
+    _, a, _, p1 = run_losses(**values)
+    _, b, _, p2 = run_losses(**values)
+    assert a != b
+    assert not all(torch.equal(x, y) for x, y in zip(p1.model.parameters(), p2.model.parameters()))
+
+
+def test_non_private_baseline_order_follows_the_seed():
+    values = dict(dataset="digits", mechanism="none", expected_batch_size=64, epochs=1, learning_rate=0.5)
+    _, a, _, _ = run_losses(**values, seed=2**63 - 1)
+    _, b, _, _ = run_losses(**values, seed=2**63 - 1)
+    _, c, _, _ = run_losses(**values, seed=1)
+    assert a == b and a != c
 
 
 def test_physical_chunks_do_not_change_the_update():
