@@ -83,8 +83,11 @@ def load_trained_model(store: Store, run_ref: str | int, *, kind: str = "model")
     return TrainedModel(run=run, model=model, meta=meta, artifact=artifact)
 
 
-def model_card(trained: TrainedModel, files: dict[str, str]) -> dict[str, Any]:
-    """What a deployer needs to know: inputs, outputs, the guarantee, provenance, files."""
+def model_card(trained: TrainedModel, files: dict[str, str], plan: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a deployer needs to know: inputs, outputs, the guarantee (the publishable epsilon, or that
+    there is none), provenance, files. The training data is named by file name and fingerprint only;
+    no teacher statistics, sample counts or training losses."""
+    from engine.publication import public_dataset_name, randomness
     from engine.report import privacy_statement, software_versions
 
     run, meta = trained.run, trained.meta
@@ -106,19 +109,31 @@ def model_card(trained: TrainedModel, files: dict[str, str]) -> dict[str, Any]:
             },
         },
         "output": {"logits": ["batch", meta["num_classes"]], "class_names": meta["class_names"]},
+        "training_data": {"name": public_dataset_name(run.get("dataset")),
+                          "fingerprint": (plan or {}).get("dataset_fingerprint")},
         "test_accuracy": run.get("accuracy"),
         "privacy": privacy_statement(run),
+        "randomness": randomness(run),
         "software": software_versions(),
         "files": files,
     }
 
 
-def export_run(store: Store, run_ref: str | int, out_dir: str | Path, *, kind: str = "model") -> dict[str, str]:
-    """Write model.safetensors, model.pt2, model.onnx and model_card.json; returns {file: sha256}."""
+EXPORT_FILES = ("model.safetensors", "model.pt2", "model.onnx", "model_card.json")
+
+
+def export_run(store: Store, run_ref: str | int, out_dir: str | Path, *, kind: str = "model",
+               force: bool = False) -> dict[str, str]:
+    """Write model.safetensors, model.pt2, model.onnx and model_card.json; returns {file: sha256}.
+    Files of those names already in `out_dir` are refused (never overwritten silently) unless `force`."""
     from safetensors.torch import save_file
 
     trained = load_trained_model(store, run_ref, kind=kind)
     out = Path(out_dir)
+    existing = [name for name in EXPORT_FILES if (out / name).exists()]
+    if existing and not force:
+        raise DPWError(f"{out} already holds {', '.join(existing)}; nothing was written",
+                       hint="choose another --out folder, or add --force to replace them")
     out.mkdir(parents=True, exist_ok=True)
     wrapped = trained.raw_input_model()
     example = torch.rand(2, *trained.meta["input_shape"])
@@ -145,7 +160,8 @@ def export_run(store: Store, run_ref: str | int, out_dir: str | Path, *, kind: s
         (out / "model.onnx").unlink(missing_ok=True)
         files["model.onnx"] = f"not exported: {type(exc).__name__}: {exc}"
 
-    card = model_card(trained, files)
+    plan = next((e for e in store.events(trained.run["id"]) if e["type"] == "plan"), {})
+    card = model_card(trained, files, plan)
     (out / "model_card.json").write_text(json.dumps(card, indent=2, default=str), encoding="utf-8")
     files["model_card.json"] = sha256_of(out / "model_card.json")
     return files

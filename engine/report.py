@@ -1,9 +1,13 @@
 """Privacy reports: one run's guarantee, how it was obtained, what it costs in utility, and
 what it does not cover — as JSON and HTML here, as PDF through the workbench (Qt, offline).
 
-A report contains no private data: no training examples and no raw PATE vote histograms (they
-are computed from the private data), unless the caller explicitly asks for the votes; the
-report then says so at its top.
+A report contains no private data: no training examples, no raw PATE vote histograms, no
+statistics of PATE's non-private teachers and no data-dependent epsilon (all computed from the
+private data without noise), unless the caller explicitly asks for the votes or the teacher
+statistics; the report then says so at its top. Nothing identifying leaves either: the user's data
+is named by file name and fingerprint only, never by its folder, and realised sample counts and
+per-step training losses stay in the local store. Which epsilon is stated, and whether a run
+carries a guarantee at all, is decided by engine.publication.
 """
 
 from __future__ import annotations
@@ -17,6 +21,16 @@ from typing import Any
 
 from engine.config import AGGREGATOR_FIELDS
 from engine.errors import DPWError
+from engine.publication import (
+    NO_GUARANTEE_STATEMENT,
+    NOT_PUBLISHABLE,
+    PATE_DATA_INDEPENDENT,
+    PATE_RELEASED,
+    public_dataset_name,
+    publishable_epsilon,
+    publishable_pate_curve,
+    randomness,
+)
 from engine.store import Store, now_iso
 
 REPORT_FORMAT = "dp-workbench privacy report v1"
@@ -35,6 +49,8 @@ ACCOUNTANT_DESCRIPTIONS = {
     "pate-released": "the data-dependent bound released through smooth sensitivity (Papernot et al. 2018, "
     "Section 4.4 and Appendix C), including the cost of the release: safe to publish",
 }
+PATE_EPSILON_KIND = ("publishable: the smaller of the data-independent bound and the smooth-sensitivity "
+                     "released epsilon")
 
 
 def _engine_version() -> str:
@@ -53,55 +69,65 @@ def software_versions() -> dict[str, str]:
 
 
 def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
-    """The guarantee in numbers and in words."""
+    """The guarantee in numbers and in words: the publishable epsilon (engine.publication), and for a
+    run whose noise is reproducible from its seed, first of all that it carries no guarantee."""
     mechanism = run["mechanism"]
-    if mechanism == "none" or run.get("epsilon") is None:
+    eps = publishable_epsilon(run)
+    if mechanism == "none" or eps.value is None:
         return {
             "mechanism": mechanism,
             "epsilon": None,
             "delta": None,
+            "holds": False,
             "statement": "This model was trained without differential privacy (a non-private baseline): "
             "it carries no privacy guarantee." if mechanism == "none" else
             "This run recorded no privacy guarantee (it did not train).",
         }
-    eps, delta, accountant = run["epsilon"], run["delta"], run["accountant"]
+    value, delta, accountant = eps.value, eps.delta, eps.accountant
     name = {"dpsgd": "DP-SGD", "pate": "PATE"}.get(mechanism, mechanism)
     statement = (
-        f"This model satisfies ({eps:.4g}, {delta:.3g})-differential privacy with respect to {UNIT_OF_PRIVACY}: "
+        f"This model satisfies ({value:.4g}, {delta:.3g})-differential privacy with respect to {UNIT_OF_PRIVACY}: "
         f"for any two training sets that differ by adding or removing one example, the probability of any "
-        f"outcome of training changes by at most a factor of e^{eps:.4g} (about {_exp(eps)}x), except with "
+        f"outcome of training changes by at most a factor of e^{value:.4g} (about {_exp(value)}x), except with "
         f"probability {delta:.3g}. Mechanism: {name}; epsilon computed by the '{accountant}' accountant."
     )
     if mechanism == "pate":
-        statement += pate_statement(run, delta)
-    return {
+        statement += pate_statement(run)
+    if not eps.guarantee:
+        statement = (f"{NO_GUARANTEE_STATEMENT} (reproducible_noise = true, a debugging setting): anyone who "
+                     f"knows the seed can rebuild every noise draw and sampled batch and remove them. The "
+                     f"accountant's figure below would hold only for secret noise. " + statement.replace(
+                         "This model satisfies", "With secret noise, this model would satisfy", 1))
+    out = {
         "mechanism": mechanism,
-        "epsilon": eps,
+        "epsilon": value,
         "delta": delta,
+        "holds": eps.guarantee,
         "accountant": accountant,
         "accountant_version": f"engine.privacy ({accountant}) of dp-workbench {_engine_version()}",
         "accountant_description": ACCOUNTANT_DESCRIPTIONS.get(accountant, accountant),
         "unit_of_privacy": UNIT_OF_PRIVACY,
         "neighbouring_relation": NEIGHBOURING,
         "statement": statement,
-        **({"epsilon_kind": "data-dependent (not itself private)",
-            "epsilon_released": (run.get("summary") or {}).get("epsilon_released"),
-            "epsilon_data_independent": (run.get("summary") or {}).get("epsilon_data_independent")}
-           if mechanism == "pate" else {}),
     }
+    if mechanism == "pate":
+        summary = run.get("summary") or {}
+        out.update(epsilon_kind=PATE_EPSILON_KIND, epsilon_released=summary.get("epsilon_released"),
+                   epsilon_data_independent=summary.get("epsilon_data_independent"))
+    return out
 
 
-def pate_statement(run: dict[str, Any], delta: float) -> str:
-    """What PATE's three epsilons mean, in words (appended to the guarantee)."""
+def pate_statement(run: dict[str, Any]) -> str:
+    """What PATE's publishable epsilon is, in words (appended to the guarantee)."""
     summary = run.get("summary") or {}
     released, independent = summary.get("epsilon_released"), summary.get("epsilon_data_independent")
-    text = (" This epsilon is PATE's data-dependent bound: it depends on the private teacher votes, so the "
-            "number itself is not safe to publish.")
-    if released is not None:
-        text += (f" The value safe to state publicly is the smooth-sensitivity release, epsilon = {released:.4g} "
-                 f"(delta {delta:.3g}), which also pays for releasing the bound.")
+    parts = []
     if independent is not None:
-        text += (f" The worst-case (data-independent) bound for the same queries is epsilon = {independent:.4g}.")
+        parts.append(f"the data-independent bound {independent:.4g}")
+    if released is not None and run.get("config", {}).get("aggregator") != "lnmax":
+        parts.append(f"the smooth-sensitivity release {released:.4g}")
+    text = " This epsilon is the smaller of " + " and ".join(parts) + "; both are safe to publish." if len(parts) == 2 \
+        else " This epsilon is PATE's data-independent bound: safe to publish."
     return text
 
 
@@ -125,18 +151,29 @@ def budget_on_private_votes(run: dict[str, Any]) -> bool:
 
 def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     """What the guarantee does and does not cover, in plain words."""
+    if run["mechanism"] == "none":
+        return ["This is a non-private baseline: the model may reveal its training examples."]
     items = [
         f"The guarantee protects each single training example. A person who contributed k examples is "
         f"protected with roughly k times the epsilon (group privacy), and more delta.",
-        "It covers the released model and everything computed from it alone. Test accuracy is measured on "
-        "held-out data that the guarantee does not protect: if that data is sensitive too, the reported "
-        "accuracies reveal something about it.",
+        "Treated as public: the size of the training set. Under add/remove neighbours the guarantee hides "
+        "whether one example was present, not how many examples there were; the report states the size.",
+        "Treated as public: the test metrics. Test accuracy is measured on held-out data, without privacy: "
+        "the guarantee does not protect that data, and if it is sensitive the reported accuracies reveal "
+        "something about it.",
         "It covers this one run. Trying several settings on the same data and publishing the best run "
         "spends privacy for every run tried; their epsilons add up (at least), and this report counts one.",
-        "The numbers assume the data set was fixed before training and that sampling and noise came from "
-        "the engine's seeded random generators; an attacker who knows the seed could remove the noise. "
-        "Keep seeds of published runs secret, or use fresh random seeds.",
     ]
+    if run["mechanism"] == "pate":
+        items.insert(2, "Treated as public: the number of teachers (and so the size of each teacher's shard), "
+                        "which the report states.")
+    if randomness(run)["privacy_noise"] == "secret":
+        items.append("The privacy noise and the sampling came from secret operating-system randomness that was "
+                     "never stored: the published seed does not determine them (it governs only initialisation, "
+                     "splits, shards and training order).")
+    else:
+        items.insert(0, NO_GUARANTEE_STATEMENT + ": this run was made with reproducible_noise = true, for "
+                        "debugging. Do not publish its model as private; train it again with secret noise.")
     norm = plan.get("normalization") or {}
     if "training split" in str(norm.get("source", "")):
         items.append(
@@ -145,9 +182,16 @@ def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
         )
     if run["mechanism"] == "pate":
         items.append(
-            "PATE's data-dependent epsilon depends on the private votes and is not itself safe to publish; the "
-            "released (smooth-sensitivity) epsilon is the one to state. The teachers are never released."
+            "PATE's data-dependent epsilon depends on the private votes and is not itself safe to publish: it is "
+            "not stated here. The teachers and their accuracies are never released."
         )
+        release = (run.get("summary") or {}).get("release") or {}
+        if release.get("parameters_from_data"):
+            items.append(
+                "The smooth-sensitivity release's parameters (order, beta, sigma) were chosen by looking at the "
+                "private votes (release_parameters = \"data-dependent\"): the released epsilon does not cover "
+                "that choice. Fix them from public settings (the default) for a release that does."
+            )
         if budget_on_private_votes(run):
             items.append(
                 "This PATE run had an epsilon budget, checked against the data-dependent epsilon after every "
@@ -159,8 +203,6 @@ def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
             )
     if run.get("stop_reason") == "budget":
         items.append("Training stopped early, at the epsilon budget; the model is the one after the last step taken.")
-    if run["mechanism"] == "none":
-        items = ["This is a non-private baseline: the model may reveal its training examples."]
     return items
 
 
@@ -174,8 +216,31 @@ def _baseline(store: Store, run: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def private_data_notice(*, include_votes: bool, include_teacher_stats: bool) -> str | None:
+    """The line at the top of a report that holds private data on request (None when it holds none)."""
+    what = []
+    if include_votes:
+        what.append("the raw teacher vote histograms and the data-dependent epsilon computed from them")
+    if include_teacher_stats:
+        what.append("the accuracies of the teachers and of their plurality vote (models trained without "
+                    "privacy on private data)")
+    if not what:
+        return None
+    return ("THIS REPORT CONTAINS PRIVATE DATA: " + " and ".join(what) + ", computed from the private training "
+            "data without noise, were included on request. Do not publish it.")
+
+
+def public_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The run's settings as they may leave the machine: the dataset by file name only, no data folder."""
+    out = dict(config)
+    if "dataset" in out:
+        out["dataset"] = public_dataset_name(out["dataset"])
+    out.pop("data_dir", None)
+    return out
+
+
 def build_report(store: Store, run_ref: str | int, *, include_votes: bool = False,
-                 figures: bool = True) -> dict[str, Any]:
+                 include_teacher_stats: bool = False, figures: bool = True) -> dict[str, Any]:
     """Every field of the report as plain data (what the JSON file holds)."""
     run = store.find_run(run_ref)
     if run["status"] in ("queued", "running"):
@@ -187,20 +252,19 @@ def build_report(store: Store, run_ref: str | int, *, include_votes: bool = Fals
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
         "generated": now_iso(),
-        "contains_private_data": bool(include_votes),
-        "private_data_notice": (
-            "THIS REPORT CONTAINS PRIVATE DATA: the raw teacher vote histograms, computed from the private "
-            "training data, were included on request. Do not publish it." if include_votes else None
-        ),
+        "contains_private_data": bool(include_votes or include_teacher_stats),
+        "private_data_notice": private_data_notice(include_votes=include_votes,
+                                                   include_teacher_stats=include_teacher_stats),
         "run": {
             "id": run_id, "name": run["name"], "status": run["status"], "stop_reason": run.get("stop_reason"),
             "created": run["created"], "started": run.get("started"), "finished": run.get("finished"),
             "error": run.get("error"),
         },
         "guarantee": privacy_statement(run),
+        "randomness": randomness(run),
         "training": {
             "mechanism": run["mechanism"],
-            "dataset": run["dataset"],
+            "dataset": public_dataset_name(run["dataset"]),
             "dataset_size": run.get("num_train"),
             "test_size": run.get("num_test"),
             "dataset_fingerprint": plan.get("dataset_fingerprint"),
@@ -213,7 +277,7 @@ def build_report(store: Store, run_ref: str | int, *, include_votes: bool = Fals
             "per_class_accuracy": summary.get("per_class_accuracy"),
             "non_private_baseline": _baseline(store, run),
         },
-        "config": config,
+        "config": public_config(config),
         "config_hash": run["config_hash"],
         "seed": config.get("seed"),
         "software": plan.get("software") or {},
@@ -236,31 +300,37 @@ def build_report(store: Store, run_ref: str | int, *, include_votes: bool = Fals
             "epsilon_budget": run.get("epsilon_budget"),
         }
     if run["mechanism"] == "pate":
-        report["pate"] = pate_section(store, run, summary, include_votes=include_votes)
+        report["pate"] = pate_section(store, run, summary, include_votes=include_votes,
+                                      include_teacher_stats=include_teacher_stats)
     report["curves"] = curves(store, run)
     if figures:
         report["figures"] = render_figures(report["curves"], run)
     return report
 
 
-def pate_section(store: Store, run: dict[str, Any], summary: dict[str, Any], *, include_votes: bool) -> dict[str, Any]:
+def pate_section(store: Store, run: dict[str, Any], summary: dict[str, Any], *, include_votes: bool,
+                 include_teacher_stats: bool = False) -> dict[str, Any]:
+    """How PATE answered, with public figures only; the votes with the data-dependent epsilon, and
+    the teachers' accuracies, only on request."""
     config = run["config"]
-    teacher_accuracy = summary.get("teacher_accuracy") or {}
-    section = {
+    section: dict[str, Any] = {
         "teachers": config.get("num_teachers"),
         "aggregator": config.get("aggregator"),
         "aggregator_parameters": {k: config.get(k) for k in AGGREGATOR_FIELDS.get(config.get("aggregator"), ())},
         "queries_asked": summary.get("queries"),
         "queries_answered": summary.get("answered"),
-        "epsilon_data_dependent": summary.get("epsilon_data_dependent"),
         "epsilon_data_independent": summary.get("epsilon_data_independent"),
         "epsilon_released": summary.get("epsilon_released"),
         "smooth_sensitivity_release": summary.get("release"),
-        "teacher_accuracy_mean": teacher_accuracy.get("mean"),
         "label_accuracy": summary.get("label_accuracy"),
         "semi_supervised": config.get("semi_supervised"),
     }
+    if include_teacher_stats:
+        section["teacher_accuracy_private"] = summary.get("teacher_accuracy")
+        section["ensemble_accuracy_private"] = summary.get("ensemble_accuracy")
     if include_votes:
+        # A function of the votes, which are in the report now anyway.
+        section["epsilon_data_dependent_not_publishable"] = summary.get("epsilon_data_dependent")
         section["votes"] = [
             {"query": v["query_index"], "histogram": v["histogram"], "answered": v["answered"], "label": v["label"]}
             for v in store.votes(run["id"])
@@ -269,10 +339,19 @@ def pate_section(store: Store, run: dict[str, Any], summary: dict[str, Any], *, 
 
 
 def curves(store: Store, run: dict[str, Any]) -> dict[str, Any]:
-    """Accuracy and epsilon against step (no private data: aggregate metrics only)."""
+    """Accuracy and epsilon against step (no private data: aggregate metrics only). A PATE run has one
+    epsilon curve, the publishable one (engine.publication): never the data-dependent series."""
     run_id = run["id"]
     acc = store.metrics(run_id, "test_accuracy")
     result: dict[str, Any] = {"test_accuracy": {"step": [m["step"] for m in acc], "value": [m["value"] for m in acc]}}
+    if run["mechanism"] == "pate":
+        di = store.privacy(run_id, PATE_DATA_INDEPENDENT)
+        released = store.privacy(run_id, PATE_RELEASED)
+        x, y = publishable_pate_curve([p["step"] for p in di], [p["epsilon"] for p in di],
+                                      (released[-1]["step"], released[-1]["epsilon"]) if released else None)
+        if x.size:
+            result["epsilon_publishable"] = {"step": [int(v) for v in x], "value": [float(v) for v in y]}
+        return result
     for accountant in sorted({p["accountant"] for p in store.privacy(run_id)}):
         rows = store.privacy(run_id, accountant)
         result[f"epsilon_{accountant}"] = {"step": [p["step"] for p in rows], "value": [p["epsilon"] for p in rows]}
@@ -292,7 +371,12 @@ def render_figures(curve_data: dict[str, Any], run: dict[str, Any]) -> dict[str,
         fig = Figure(figsize=(6, 3.2), dpi=110)
         ax = fig.add_subplot()
         for key in eps_keys:
-            ax.plot(curve_data[key]["step"], curve_data[key]["value"], label=key.removeprefix("epsilon_"),
+            label = key.removeprefix("epsilon_")
+            if label == "publishable":
+                label = "publishable (min of data-independent and released)"
+            elif not publishable_epsilon(run).guarantee:
+                label += " (no guarantee)"
+            ax.plot(curve_data[key]["step"], curve_data[key]["value"], label=label,
                     marker="o" if len(curve_data[key]["step"]) < 40 else None, markersize=3)
         if run.get("epsilon_budget"):
             ax.axhline(run["epsilon_budget"], color="crimson", linestyle="--", label="budget")
@@ -356,7 +440,13 @@ def render_html(report: dict[str, Any]) -> str:
     parts.append(f"<p>Status: {_fmt(run['status'])}; stop reason: {_fmt(run.get('stop_reason'))}; "
                  f"generated {_fmt(report['generated'])}.</p>")
     parts.append("<h2>Guarantee</h2>")
-    if guarantee.get("epsilon") is not None:
+    if guarantee.get("epsilon") is not None and not guarantee.get("holds", True):
+        parts.append(f"<p class='private'>{html.escape(NO_GUARANTEE_STATEMENT)}.<br><span style='font-weight:normal'>"
+                     f"The accountant's ε = {guarantee['epsilon']:.4g}, δ = {guarantee['delta']:.3g} would hold only "
+                     f"with secret noise. {html.escape(guarantee['statement'])}</span></p>")
+        parts.append(_table({k: guarantee[k] for k in ("unit_of_privacy", "neighbouring_relation", "accountant",
+                                                       "accountant_version", "accountant_description")}))
+    elif guarantee.get("epsilon") is not None:
         parts.append(f"<p class='guarantee'><b>ε = {guarantee['epsilon']:.4g}, δ = {guarantee['delta']:.3g}</b><br>"
                      f"{html.escape(guarantee['statement'])}</p>")
         parts.append(_table({k: guarantee[k] for k in ("unit_of_privacy", "neighbouring_relation", "accountant",
@@ -380,6 +470,7 @@ def render_html(report: dict[str, Any]) -> str:
     parts.append("<h2>What the guarantee does and does not cover</h2><ul>"
                  + "".join(f"<li>{html.escape(c)}</li>" for c in report["caveats"]) + "</ul>")
     parts.append("<h2>Reproducibility</h2>" + _table({"config_hash": report["config_hash"], "seed": report["seed"],
+                                                      "randomness": report.get("randomness"),
                                                       "software": report["software"]}))
     parts.append("<h3>Config</h3>" + _table(report["config"]))
     if report.get("pate", {}).get("votes") is not None:
@@ -391,13 +482,14 @@ def render_html(report: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def write_report(store: Store, run_ref: str | int, out: str | Path, *, include_votes: bool = False) -> Path:
+def write_report(store: Store, run_ref: str | int, out: str | Path, *, include_votes: bool = False,
+                 include_teacher_stats: bool = False) -> Path:
     """Write the report as .json, .html or .pdf (chosen by the file's extension)."""
     out = Path(out)
     suffix = out.suffix.lower()
     if suffix not in (".json", ".html", ".htm", ".pdf"):
         raise DPWError(f"--out {out}: unknown report format {suffix or '(none)'}; use .html, .pdf or .json")
-    report = build_report(store, run_ref, include_votes=include_votes)
+    report = build_report(store, run_ref, include_votes=include_votes, include_teacher_stats=include_teacher_stats)
     out.parent.mkdir(parents=True, exist_ok=True)
     if suffix == ".json":
         out.write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")

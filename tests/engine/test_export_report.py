@@ -196,3 +196,120 @@ def test_unknown_report_extension_is_refused(runs, tmp_path):
     store, all_runs = runs
     with pytest.raises(DPWError, match="use .html, .pdf or .json"):
         write_report(store, all_runs["image"][0], tmp_path / "r.docx")
+
+
+# ---- what leaves the machine ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def private_runs(tmp_path_factory):
+    """A run on a CSV deep in a user's folders (with a data_dir there too), and a reproducible-noise run."""
+    root = tmp_path_factory.mktemp("home-alice")
+    folder = root / "patients" / "cohort 2024 (private)"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(240, 4))
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(int)
+    lines = ["a,b,c,d,label"] + [",".join(f"{v:.5f}" for v in row) + f",{label}" for row, label in zip(x, y)]
+    (folder / "cohort-2024.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    store = Store(tmp_path_factory.mktemp("private-store") / "runs.sqlite")
+    csv = train_in_store(store, name="cohort", dataset=str(folder / "cohort-2024.csv"), data_dir=str(folder),
+                         label_column="label", model="logistic", noise_multiplier=1.0, expected_batch_size=32,
+                         epochs=2, learning_rate=0.5, delta=1e-4)
+    seeded = train_in_store(store, name="debug-seeded", dataset="digits", noise_multiplier=1.0,
+                            expected_batch_size=64, epochs=1, learning_rate=0.5, reproducible_noise=True)
+    return store, folder, {"csv": csv, "seeded": seeded}
+
+
+def _texts(store, run_id, tmp_path) -> dict[str, str]:
+    out = {
+        "report.json": write_report(store, run_id, tmp_path / "report.json").read_text(encoding="utf-8"),
+        "report.html": write_report(store, run_id, tmp_path / "report.html").read_text(encoding="utf-8"),
+    }
+    export_run(store, run_id, tmp_path / "export")
+    out["model_card.json"] = (tmp_path / "export" / "model_card.json").read_text(encoding="utf-8")
+    return out
+
+
+def test_report_and_model_card_of_a_nested_csv_name_the_file_only(private_runs, tmp_path):
+    import hashlib
+
+    store, folder, all_runs = private_runs
+    run_id, _ = all_runs["csv"]
+    texts = _texts(store, run_id, tmp_path)
+    # The folders the user made (short system parts such as "tmp" could occur by chance in base64 images).
+    parts = [str(folder), *folder.parent.parent.relative_to(folder.parents[2]).parts, "patients",
+             "cohort 2024 (private)"]
+    assert parts[1].startswith("home-alice")
+    for name, text in texts.items():
+        for part in parts:
+            assert part not in text and json.dumps(part)[1:-1] not in text, f"{part!r} in {name}"
+        assert "cohort-2024.csv" in text, name
+    fingerprint = hashlib.sha256((folder / "cohort-2024.csv").read_bytes()).hexdigest()
+    report = json.loads(texts["report.json"])
+    card = json.loads(texts["model_card.json"])
+    assert report["training"]["dataset"] == report["config"]["dataset"] == "cohort-2024.csv"
+    assert "data_dir" not in report["config"]
+    assert report["training"]["dataset_fingerprint"] == fingerprint
+    assert card["training_data"] == {"name": "cohort-2024.csv", "fingerprint": fingerprint}
+
+
+def test_report_states_what_the_guarantee_treats_as_public(runs):
+    store, all_runs = runs
+    report = build_report(store, all_runs["image"][0], figures=False)
+    public = [c for c in report["caveats"] if c.startswith("Treated as public")]
+    assert any("size of the training set" in c and "add/remove" in c for c in public)
+    assert any("test metrics" in c and "held-out" in c and "without privacy" in c for c in public)
+
+
+def test_reports_and_cards_carry_no_sample_counts_or_training_losses(runs, tmp_path):
+    store, all_runs = runs
+    run_id, _ = all_runs["image"]
+    losses = [m["value"] for m in store.metrics(run_id, "train_loss")]
+    assert losses
+    for name, text in _texts(store, run_id, tmp_path).items():
+        assert "samples_per_second" not in text and "samples_processed" not in text and "train_loss" not in text
+        for value in losses:
+            assert repr(value) not in text, name
+
+
+def test_a_secret_noise_run_says_so(runs, tmp_path):
+    store, all_runs = runs
+    run_id, _ = all_runs["image"]
+    report = build_report(store, run_id, figures=False)
+    assert report["randomness"] == {"privacy_noise": "secret", "noise_sampler": "standard"}
+    assert report["guarantee"]["holds"] is True
+    assert any("secret operating-system randomness" in c for c in report["caveats"])
+    export_run(store, run_id, tmp_path)
+    card = json.loads((tmp_path / "model_card.json").read_text())
+    assert card["randomness"]["privacy_noise"] == "secret" and card["privacy"]["holds"] is True
+
+
+def test_a_reproducible_noise_run_carries_no_guarantee_anywhere(private_runs, tmp_path):
+    from click.testing import CliRunner
+
+    from engine.cli import cli
+    from engine.publication import NO_GUARANTEE_STATEMENT
+
+    store, _, all_runs = private_runs
+    run_id, _ = all_runs["seeded"]
+    texts = _texts(store, run_id, tmp_path)
+    report = json.loads(texts["report.json"])
+    assert NO_GUARANTEE_STATEMENT == "No differential privacy guarantee: the noise is reproducible from the published seed"
+    assert report["guarantee"]["statement"].startswith(NO_GUARANTEE_STATEMENT)
+    assert report["guarantee"]["holds"] is False
+    assert report["randomness"] == {"privacy_noise": "seeded", "noise_sampler": "standard"}
+    assert texts["report.html"].split("<h2>Guarantee</h2>", 1)[1].startswith(f"<p class='private'>{NO_GUARANTEE_STATEMENT}")
+    card = json.loads(texts["model_card.json"])
+    assert card["privacy"]["statement"].startswith(NO_GUARANTEE_STATEMENT) and card["privacy"]["holds"] is False
+    assert card["randomness"]["privacy_noise"] == "seeded"
+
+    runner = CliRunner()
+    listed = json.loads(runner.invoke(cli, ["list", "--json", "--db", str(store.path)]).output)
+    row = next(r for r in listed if r["id"] == run_id)
+    assert row["guarantee"] is False and row["epsilon"] == store.get_run(run_id)["epsilon"]
+    table = runner.invoke(cli, ["list", "--db", str(store.path)]).output
+    line = next(ln for ln in table.splitlines() if "debug-seeded" in ln)
+    assert "no guarantee" in line
+    cohort = next(ln for ln in table.splitlines() if " cohort " in ln)
+    assert "no guarantee" not in cohort
+    shown = runner.invoke(cli, ["show", str(run_id), "--db", str(store.path)]).output
+    assert "NO GUARANTEE" in shown and NO_GUARANTEE_STATEMENT in shown

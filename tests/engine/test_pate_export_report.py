@@ -1,5 +1,6 @@
-"""A PATE run's student exports like any model; its report states the three epsilons and, by
-default, carries no vote histogram (they are computed from the private data)."""
+"""A PATE run's student exports like any model; everything that leaves leads with the publishable
+epsilon, min(data-independent, released), and by default carries no vote histogram, no
+data-dependent epsilon and no teacher statistic (they are computed from the private data)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,13 @@ def test_the_student_exports_and_reproduces_the_engine_predictions(pate_run, tmp
     with torch.no_grad():
         assert torch.equal(program(raw_inputs(holdout)).argmax(1), engine_pred)
     card = json.loads((tmp_path / "model_card.json").read_text())
-    assert card["privacy"]["epsilon"] == store.get_run(run_id)["epsilon"]
+    run = store.get_run(run_id)
+    publishable = min(run["summary"]["epsilon_data_independent"], run["summary"]["epsilon_released"])
+    assert card["privacy"]["epsilon"] == run["epsilon"] == publishable
+    assert card["privacy"]["accountant"] == run["accountant"] in ("pate-di", "pate-released")
+    text = json.dumps(card)
+    assert "epsilon_data_dependent" not in text and f"{run['summary']['epsilon_data_dependent']!r}" not in text
+    assert "teacher_accuracy" not in text and "ensemble" not in text
     accuracy = float((engine_pred == prepared.y_holdout).float().mean())
     assert accuracy == pytest.approx(store.get_run(run_id)["accuracy"])
 
@@ -63,14 +70,19 @@ def test_pate_report_states_every_epsilon_and_agrees_with_the_store(pate_run, tm
     assert pate["teachers"] == 20 and pate["aggregator"] == "confident"
     assert pate["aggregator_parameters"] == {"threshold": 13.0, "sigma1": 4.0, "sigma2": 2.0}
     assert pate["queries_asked"] == 200 and pate["queries_answered"] == summary["answered"] > 0
-    assert pate["epsilon_data_dependent"] == run["epsilon"] == report["guarantee"]["epsilon"]
-    assert pate["epsilon_data_dependent"] <= pate["epsilon_data_independent"]
+    publishable = min(summary["epsilon_data_independent"], summary["epsilon_released"])
+    assert report["guarantee"]["epsilon"] == run["epsilon"] == publishable
+    assert summary["epsilon_data_dependent"] <= pate["epsilon_data_independent"]
     assert pate["epsilon_released"] == summary["epsilon_released"] > 0
     assert report["guarantee"]["epsilon_released"] == pate["epsilon_released"]
-    assert "not safe to publish" in report["guarantee"]["statement"]
+    assert "the smaller of" in report["guarantee"]["statement"]
     assert {"torch", "numpy", "python", "dp-workbench"} <= set(report["software"])
     assert f"{pate['epsilon_released']:.4g}" in report["guarantee"]["statement"]
-    assert 0.5 < pate["teacher_accuracy_mean"] <= 1
+    # The data-dependent epsilon is a function of the votes: neither stated nor plotted.
+    assert "epsilon_data_dependent" not in json.dumps(report)
+    assert set(report["curves"]) == {"test_accuracy", "epsilon_publishable"}
+    assert report["curves"]["epsilon_publishable"]["value"][-1] == publishable
+    assert report["randomness"]["privacy_noise"] == "secret"
     per_class = report["utility"]["per_class_accuracy"]
     assert set(per_class) == {str(c) for c in range(10)}
     counts = torch.bincount(prepared.y_holdout, minlength=10).numpy()
@@ -113,3 +125,74 @@ def test_a_budget_on_the_data_dependent_epsilon_is_named_as_a_leak_in_the_caveat
     assert any("whether and where the teachers stopped" in c and "without a budget" in c for c in caveats(on_votes, {}))
     safe = dict(run, config=dict(run["config"], epsilon_budget=2.0, pate_budget_on="data-independent"))
     assert not any("whether and where the teachers stopped" in c for c in caveats(safe, {}))
+
+
+def test_pate_list_and_show_lead_with_the_publishable_epsilon(pate_run):
+    from click.testing import CliRunner
+
+    from engine.cli import cli
+
+    store, run_id, _ = pate_run
+    summary = store.get_run(run_id)["summary"]
+    publishable = min(summary["epsilon_data_independent"], summary["epsilon_released"])
+    runner = CliRunner()
+    listed = json.loads(runner.invoke(cli, ["list", "--json", "--db", str(store.path)]).output)
+    row = next(r for r in listed if r["id"] == run_id)
+    assert row["epsilon"] == publishable and row["guarantee"] is True
+    shown = json.loads(runner.invoke(cli, ["show", str(run_id), "--json", "--db", str(store.path)]).output)
+    assert shown["run"]["epsilon"] == shown["run"]["summary"]["epsilon"] == publishable
+    assert "teacher_accuracy" not in shown["run"]["summary"] and "ensemble_accuracy" not in shown["run"]["summary"]
+    text = runner.invoke(cli, ["show", str(run_id), "--db", str(store.path)]).output
+    assert f"ε = {publishable:.4f}" in text and "not publishable" in text and "mean accuracy" not in text
+    asked = json.loads(runner.invoke(cli, ["show", str(run_id), "--json", "--include-teacher-stats",
+                                           "--db", str(store.path)]).output)
+    assert 0.5 < asked["run"]["summary"]["teacher_accuracy"]["mean"] <= 1
+
+
+def test_an_old_pate_row_with_the_data_dependent_epsilon_is_shown_with_the_publishable_one(pate_run):
+    from engine.publication import publishable_epsilon
+
+    store, run_id, _ = pate_run
+    run = store.get_run(run_id)
+    old = dict(run, epsilon=run["summary"]["epsilon_data_dependent"], accountant="pate-dd",
+               summary=dict(run["summary"], epsilon=run["summary"]["epsilon_data_dependent"], accountant="pate-dd"))
+    eps = publishable_epsilon(old)
+    assert eps.value == run["epsilon"] and eps.accountant in ("pate-di", "pate-released")
+
+
+def test_pate_report_has_no_teacher_statistics_unless_asked_and_then_says_so_at_the_top(pate_run):
+    store, run_id, _ = pate_run
+    summary = store.get_run(run_id)["summary"]
+    report = build_report(store, run_id, figures=False)
+    text = json.dumps(report) + render_html(report)
+    assert "teacher_accuracy" not in text and "ensemble" not in text
+    for value in (summary["teacher_accuracy"]["mean"], summary["teacher_accuracy"]["min"], summary["ensemble_accuracy"]):
+        assert repr(value) not in text and f"{value:.6g}" not in text
+    asked = build_report(store, run_id, include_teacher_stats=True, figures=False)
+    assert asked["contains_private_data"] is True
+    assert asked["pate"]["teacher_accuracy_private"] == summary["teacher_accuracy"]
+    body = render_html(asked).split("<body>", 1)[1]
+    assert body.startswith("<p class='private'>THIS REPORT CONTAINS PRIVATE DATA") and "teachers" in body[:400]
+
+
+def test_pate_release_parameters_were_fixed_from_public_settings(pate_run):
+    from engine.privacy import pate_smooth
+
+    store, run_id, prepared = pate_run
+    release = store.get_run(run_id)["summary"]["release"]
+    config = prepared.config
+    expected = pate_smooth.data_independent_parameters(
+        mechanism="confident", num_teachers=config.num_teachers, num_queries=config.num_queries, num_classes=10,
+        delta=config.delta, threshold=config.threshold, sigma1=config.sigma1, sigma2=config.sigma2)
+    assert (release["order"], release["beta"], release["sigma_ss"]) == (expected.order, expected.beta,
+                                                                        expected.sigma_ss)
+    assert release["parameters_from_data"] is False
+    plan = next(e for e in store.events(run_id) if e["type"] == "plan")
+    assert plan["release_parameters"] == {"order": expected.order, "beta": expected.beta, "sigma_ss": expected.sigma_ss}
+    report = build_report(store, run_id, figures=False)
+    assert not any("chosen by looking at the private votes" in c for c in report["caveats"])
+    from_votes = dict(store.get_run(run_id), summary=dict(store.get_run(run_id)["summary"],
+                                                          release=dict(release, parameters_from_data=True)))
+    from engine.report import caveats
+
+    assert any("chosen by looking at the private votes" in c for c in caveats(from_votes, {}))

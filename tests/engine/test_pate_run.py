@@ -84,9 +84,11 @@ def test_real_mnist_pate_run_through_the_runner_fills_the_votes_table(tmp_path, 
     hist = np.array([v["histogram"] for v in votes])
     res = analysis.pate_epsilon(votes=hist, mechanism="confident", threshold=13.0, sigma1=4.0, sigma2=2.0,
                                 answered=answered, delta=1e-5)
-    assert run["epsilon"] == pytest.approx(res.epsilon_data_dependent, rel=1e-9)
+    assert run["summary"]["epsilon_data_dependent"] == pytest.approx(res.epsilon_data_dependent, rel=1e-9)
     assert after[-1] == pytest.approx(res.epsilon_data_dependent, rel=1e-9)
-    assert run["accountant"] == "pate-dd" and run["steps_done"] == 300
+    # The run's epsilon is the publishable one: min(data-independent, released).
+    assert run["epsilon"] == min(run["summary"]["epsilon_data_independent"], run["summary"]["epsilon_released"])
+    assert run["accountant"] in ("pate-di", "pate-released") and run["steps_done"] == 300
 
     batches = [e for e in events if e["type"] == "vote_batch"]
     assert sum(b["count"] for b in batches) == 300 and len(batches) == 3
@@ -123,7 +125,8 @@ def test_budget_stops_answering_before_the_query_that_would_exceed_it(tmp_path, 
     assert status == "finished" and run["stop_reason"] == "budget"
     votes = store.votes(run_id)
     assert 0 < len(votes) < 300 and run["steps_done"] == len(votes)
-    assert run["epsilon"] <= 15.0 and votes[-1]["epsilon_after"] == pytest.approx(run["epsilon"])
+    dd = run["summary"]["epsilon_data_dependent"]
+    assert dd <= 15.0 and votes[-1]["epsilon_after"] == pytest.approx(dd)
     warnings = [e for e in store.events(run_id) if e["type"] == "warning"]
     assert any(f"stopped before query {len(votes) + 1}" in w["message"] for w in warnings)
 
@@ -140,7 +143,7 @@ def test_budget_on_the_data_independent_epsilon_is_the_default_and_stops_sooner(
         run = store.get_run(run_id)
         assert run["stop_reason"] == "budget"
         di = store.privacy(run_id, "pate-di")[-1]["epsilon"]
-        done[on] = (run["steps_done"], run["epsilon"], di)
+        done[on] = (run["steps_done"], run["summary"]["epsilon_data_dependent"], di)
     queries, dd, di = done["data-independent"]
     assert di <= 15.0 and dd <= di  # every reported epsilon is within the budget
     assert done["data-dependent"][0] > queries and done["data-dependent"][1] <= 15.0

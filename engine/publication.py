@@ -1,0 +1,129 @@
+"""What of a run may be shown as its guarantee, and how it is labelled wherever it appears.
+
+Every view of a run's epsilon (`dpw list/show/run`, the report, the model card, the window's runs
+list, dashboard and compare view) asks here, so the rules live in one place:
+
+- `publishable_epsilon(run)`: the epsilon that is safe to state. DP-SGD: the accountant's value.
+  PATE: min(data-independent bound, smooth-sensitivity released epsilon) — both are outputs of
+  the private mechanism, so their minimum is post-processing; the data-dependent epsilon is a
+  function of the private votes and is never the one shown (only as a diagnostic labelled
+  "not publishable").
+- `randomness(run)` / `carries_guarantee(run)`: a run whose privacy noise was seeded from the
+  published `seed` (`reproducible_noise = true`) carries no guarantee at all, whatever its epsilon.
+- `public_dataset_name(dataset)`: user files are named by their file name only, never their folders.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import PurePosixPath, PureWindowsPath
+from typing import Any
+
+import numpy as np
+
+NO_GUARANTEE_STATEMENT = "No differential privacy guarantee: the noise is reproducible from the published seed"
+NO_GUARANTEE = "no guarantee"
+NOT_PUBLISHABLE = "not publishable: a function of the private votes"
+PATE_DATA_INDEPENDENT = "pate-di"
+PATE_RELEASED = "pate-released"
+PATE_DATA_DEPENDENT = "pate-dd"
+
+
+@dataclass(frozen=True)
+class PublishableEpsilon:
+    """The epsilon a run may state. `guarantee` is False when the noise was seeded (no guarantee
+    whatever the number) or the run is non-private; `value` is None when nothing was accounted."""
+
+    value: float | None
+    delta: float | None
+    accountant: str | None
+    guarantee: bool
+
+
+def pate_publishable(epsilon_data_independent: float | None,
+                     epsilon_released: float | None) -> tuple[float | None, str | None]:
+    """(epsilon, accountant) of PATE's publishable epsilon: the smaller of the data-independent bound
+    and the smooth-sensitivity release (each a public output; their minimum is post-processing)."""
+    candidates = [(v, name) for v, name in ((epsilon_released, PATE_RELEASED),
+                                            (epsilon_data_independent, PATE_DATA_INDEPENDENT))
+                  if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not candidates:
+        return None, None
+    value, name = min(candidates, key=lambda c: c[0])
+    return float(value), name
+
+
+def randomness(run: dict[str, Any]) -> dict[str, str]:
+    """{"privacy_noise": "secret" | "seeded", "noise_sampler": "standard" | "hardened"} of a run: as the
+    engine recorded it (summary or plan), else from its config. A config from before
+    `reproducible_noise` existed was trained when the noise still came from the seed: "seeded"."""
+    for source in (run.get("summary") or {}, run.get("plan") or {}):
+        recorded = source.get("randomness")
+        if isinstance(recorded, dict) and recorded.get("privacy_noise") in ("secret", "seeded"):
+            return {"privacy_noise": recorded["privacy_noise"],
+                    "noise_sampler": recorded.get("noise_sampler", "standard")}
+    config = run.get("config") or {}
+    seeded = config.get("reproducible_noise", True) if config else False
+    return {"privacy_noise": "seeded" if seeded else "secret",
+            "noise_sampler": config.get("noise_sampler", "standard")}
+
+
+def carries_guarantee(run: dict[str, Any]) -> bool:
+    """False for a non-private run and for a run whose privacy noise is reproducible from its seed."""
+    if run.get("mechanism") == "none":
+        return False
+    return randomness(run)["privacy_noise"] == "secret"
+
+
+def publishable_epsilon(run: dict[str, Any]) -> PublishableEpsilon:
+    """The epsilon of `run` (a store row with its config and summary) that may be stated."""
+    guarantee = carries_guarantee(run)
+    if run.get("mechanism") == "pate":
+        summary = run.get("summary") or {}
+        value, accountant = pate_publishable(summary.get("epsilon_data_independent"),
+                                             summary.get("epsilon_released"))
+        if value is None and run.get("accountant") in (PATE_DATA_INDEPENDENT, PATE_RELEASED):
+            value, accountant = run.get("epsilon"), run.get("accountant")
+        delta = summary.get("delta", run.get("delta")) if value is not None else None
+        return PublishableEpsilon(value, delta, accountant, guarantee)
+    if run.get("mechanism") == "none" or run.get("epsilon") is None:
+        return PublishableEpsilon(None, None, None, guarantee)
+    return PublishableEpsilon(float(run["epsilon"]), run.get("delta"), run.get("accountant"), guarantee)
+
+
+def epsilon_label(run: dict[str, Any], fmt: str = ".3g") -> str:
+    """The epsilon as a list shows it: "1.96", "1.96 (no guarantee)", "∞" (non-private), "" (none yet)."""
+    if run.get("mechanism") == "none":
+        return "∞"
+    eps = publishable_epsilon(run)
+    if eps.value is None:
+        return "" if eps.guarantee else NO_GUARANTEE
+    text = format(eps.value, fmt)
+    return text if eps.guarantee else f"{text} ({NO_GUARANTEE})"
+
+
+def publishable_pate_curve(steps, data_independent, released: tuple[float, float] | None
+                           ) -> tuple[np.ndarray, np.ndarray]:
+    """PATE's publishable epsilon against queries: the data-independent bound after each batch of
+    queries, and once the release exists (`released` = (step, epsilon)), the smaller of the two."""
+    x = np.asarray(steps, dtype=float)
+    y = np.asarray(data_independent, dtype=float)
+    if released is None:
+        return x, y
+    step, value = float(released[0]), float(released[1])
+    last = float(y[-1]) if y.size else math.inf
+    if value >= last:
+        return x, y
+    return np.append(x, step), np.append(y, value)
+
+
+def public_dataset_name(dataset: str | None) -> str | None:
+    """A dataset as it may leave the machine: a registered name as it is, a user's file by its file
+    name only (no folder, absolute or relative, on any platform)."""
+    if dataset is None:
+        return None
+    text = str(dataset)
+    if "/" not in text and "\\" not in text:
+        return text
+    return PureWindowsPath(PurePosixPath(text).name).name
