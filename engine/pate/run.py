@@ -48,6 +48,7 @@ from engine.pate.teachers import Teachers, build_teachers, train_teachers, vote_
 from engine.privacy import pate as analysis
 from engine.privacy import pate_smooth
 from engine.privacy.types import Epsilon
+from engine.randomness import PrivateRandomness, randomness_summary
 from engine.publication import pate_publishable
 
 Emit = Callable[..., Any]
@@ -122,6 +123,13 @@ class PreparedPATERun:
     # Called with each batch of vote rows as soon as it is released (the runner writes them to the
     # store, so a window can show recent votes live and a killed run keeps what it released).
     vote_sink: Callable[[list[dict[str, Any]]], None] | None = None
+    # The run's private randomness (aggregation and release noise; never from `seed` unless
+    # reproducible_noise); made from the config when not given.
+    randomness: PrivateRandomness | None = None
+
+    def __post_init__(self) -> None:
+        if self.randomness is None:
+            self.randomness = PrivateRandomness.for_run(self.config)
 
     @property
     def num_queries(self) -> int:
@@ -234,7 +242,7 @@ class PreparedPATERun:
         releases, privacy is accounted per query; stop before the query that could exceed the budget."""
         config, emit = self.config, self.emit
         params = _aggregator_params(config)
-        rng = np.random.default_rng(_seed(config, 6))
+        rng = self.randomness.numpy_generator("pate_aggregation")
         orders = analysis.PATE_ORDERS
         cum_dd = np.zeros(orders.size)
         cum_di = np.zeros(orders.size)
@@ -330,7 +338,7 @@ class PreparedPATERun:
         if config.aggregator == "lnmax":
             result.epsilon_released = result.analysis.epsilon_data_independent
         else:
-            z = float(np.random.default_rng(_seed(config, 7)).standard_normal())
+            z = float(self.randomness.numpy_generator("smooth_sensitivity_release").standard_normal())
             rel = pate_smooth.release_epsilon(votes=votes, answered=answered, delta=config.delta, noise=z,
                                               num_teachers=config.num_teachers, **params.analysis,
                                               **release_parameters(config, self.data.num_classes))
@@ -376,6 +384,7 @@ class PreparedPATERun:
             "answered": result.answered,
             "ensemble_accuracy": result.ensemble_accuracy,
             "label_accuracy": result.label_accuracy,
+            "randomness": randomness_summary(self.config),
         }
         if result.teacher_accuracy is not None:
             acc = result.teacher_accuracy
@@ -514,6 +523,7 @@ def prepare_pate(config: RunConfig, data: Dataset, *, emit: Emit = _noop) -> Pre
         epsilon_budget=config.epsilon_budget,
         release_parameters=release_parameters(config, data.num_classes) or None,
         epsilon_data_independent_if_all_answered=planned_epsilon_data_independent(config),
+        randomness=randomness_summary(config),
     )
     if shard < 50:
         emit("warning", message=f"each teacher gets only about {shard} training examples; expect weak teachers "
