@@ -35,3 +35,60 @@ class ModelError(DPWError):
 
 class BudgetError(DPWError):
     """The requested training cannot fit in the privacy budget."""
+
+
+class StoreError(DPWError):
+    """The run store file cannot be opened, read or written as it is (not a store, damaged,
+    read-only, full disk, locked); the file is left as it was."""
+
+
+class ModelSaveError(DPWError):
+    """A trained model could not be written. `summary` carries the run's results, which are kept."""
+
+    summary: dict | None = None
+
+
+BUG_HINT = "this is a bug in DP Workbench; the traceback is in the run's error event"
+
+
+def recover_hint(path: object) -> str:
+    return (f'copy what can be read into a new store: sqlite3 {path} ".recover" | sqlite3 recovered.sqlite, '
+            f"then use --db recovered.sqlite")
+
+
+def explain(exc: BaseException, *, store_path: object = None) -> tuple[str, str | None, bool]:
+    """(message, hint, is_bug) of an exception for a person. What is the user's situation (full
+    disk, a locked, read-only or damaged store, a path that is a file) is never called a bug."""
+    import errno
+    import sqlite3
+
+    if isinstance(exc, DPWError):
+        return exc.message, exc.hint, False
+    store = store_path if store_path is not None else "the store"
+    text = str(exc)
+    if isinstance(exc, sqlite3.Error):
+        lowered = text.lower()
+        if "disk is full" in lowered:
+            return (f"the disk holding {store} is full (SQLite: {text})",
+                    "free some space and start the run again; everything recorded so far is kept", False)
+        if "locked" in lowered or "busy" in lowered:
+            return (f"{store} stayed locked by another program (SQLite: {text})",
+                    "end the other program's write transaction (an sqlite3 shell, a backup tool) and try again",
+                    False)
+        if "readonly" in lowered or "read-only" in lowered:
+            return (f"{store} is read-only (SQLite: {text})",
+                    "reading works; to add or change runs make the file and its folder writable", False)
+        if "malformed" in lowered or "not a database" in lowered or "corrupt" in lowered:
+            return f"{store} is damaged (SQLite: {text})", recover_hint(store), False
+        if "unable to open" in lowered or "disk i/o" in lowered:
+            return (f"cannot use {store} (SQLite: {text})",
+                    "check that the file and its folder exist and are readable (and writable to add runs)", False)
+        return f"{type(exc).__name__}: {text}", BUG_HINT, True
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = exc.filename or store
+        return f"no space left on the disk holding {where}", "free some space and try again", False
+    if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR,
+                                                  errno.EEXIST, errno.EISDIR, errno.ENOENT):
+        where = exc.filename if exc.filename is not None else store
+        return f"{where}: {exc.strerror}", "check the path: every folder in it must be a folder you may write to", False
+    return f"{type(exc).__name__}: {text}", BUG_HINT, True

@@ -22,11 +22,17 @@ and a payload that depends on the type:
 | finished   | status ("finished", "stopped", "failed", "budget_exhausted"), summary |
 
 The same events are written to the store's `events` table, so a reopened window can replay a run.
+
+Non-finite numbers (an epsilon of inf when the noise is tiny, a NaN loss) are written as the
+strings "Infinity", "-Infinity" and "NaN" (JSON has no such numbers), so every line stays strict
+JSON; `decode` (and the store's replay) turn them back into floats, except in free-text fields
+(TEXT_FIELDS, e.g. a run named "NaN").
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from typing import IO, Any, Callable
@@ -46,6 +52,33 @@ EVENT_TYPES = (
 )
 
 
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+TEXT_FIELDS = frozenset({"name", "message", "hint", "where", "traceback", "path", "dataset", "config", "software",
+                         "error", "kind", "phase", "status", "accountant", "mechanism", "model", "device"})
+
+
+def to_json_safe(value: Any) -> Any:
+    """`value` with every non-finite float replaced by its NON_FINITE string (recursively)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: to_json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json_safe(v) for v in value]
+    return value
+
+
+def from_json_safe(value: Any) -> Any:
+    """The inverse of to_json_safe, leaving the values of TEXT_FIELDS as they are."""
+    if isinstance(value, str):
+        return NON_FINITE.get(value, value)
+    if isinstance(value, dict):
+        return {k: v if k in TEXT_FIELDS else from_json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_json_safe(v) for v in value]
+    return value
+
+
 def make_event(type_: str, run_id: int, t: float, **payload: Any) -> dict[str, Any]:
     if type_ not in EVENT_TYPES:
         raise ValueError(f"unknown event type {type_!r}; known: {', '.join(EVENT_TYPES)}")
@@ -53,7 +86,8 @@ def make_event(type_: str, run_id: int, t: float, **payload: Any) -> dict[str, A
 
 
 def encode(event: dict[str, Any]) -> str:
-    return json.dumps(event, separators=(",", ":"), allow_nan=False)
+    """One strict JSON line (non-finite numbers as NON_FINITE strings)."""
+    return json.dumps(to_json_safe(event), separators=(",", ":"), allow_nan=False)
 
 
 def decode(line: str) -> dict[str, Any] | None:
@@ -67,7 +101,7 @@ def decode(line: str) -> dict[str, Any] | None:
         return None
     if not isinstance(event, dict) or event.get("v") != EVENT_VERSION or event.get("type") not in EVENT_TYPES:
         return None
-    return event
+    return from_json_safe(event)
 
 
 class EventWriter:
@@ -90,10 +124,12 @@ class EventWriter:
         if self.sink is not None:
             self.sink(event)
         if self.stream is not None:
+            line = encode(event) + "\n"  # an event that cannot be encoded is a bug: it raises here
             try:
-                self.stream.write(encode(event) + "\n")
+                self.stream.write(line)
                 self.stream.flush()
-            except (BrokenPipeError, ValueError):
-                # The reader went away (window closed); the store still has every event.
+            except (OSError, ValueError):
+                # The reader went away (window closed: a broken pipe, or a closed file's ValueError);
+                # the store still has every event.
                 self.stream = None
         return event

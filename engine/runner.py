@@ -1,8 +1,12 @@
 """Execute one stored run in this process: `python -m engine.runner RUN_ID --db PATH`.
 
-Writes the run's events as JSON lines to stdout and to the store. SIGTERM (or SIGINT) stops
-the run cleanly after the current step: it is marked `stopped` and everything so far is kept.
-An exception marks it `failed` with its message. Exit status: 0 finished or stopped, 1 failed.
+Writes the run's events as JSON lines to stdout and to the store. SIGTERM, SIGINT or SIGHUP (the
+terminal closed) stops the run cleanly after the current step: it is marked `stopped` and
+everything so far is kept. An exception marks it `failed` with its message, keeping what the run
+had done (the privacy spent is on the run row from the first step on: engine.store); a fully
+trained run whose model cannot be saved keeps its results and names the path it tried. When
+even the store cannot take the failure (full disk), the stream still carries it, and the next
+`dpw list` marks the run failed. Exit status: 0 finished or stopped, 1 failed.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import RunConfig
-from engine.errors import DPWError
+from engine.errors import DPWError, explain
 from engine.events import EventWriter
 from engine.store import Store, now_iso
 
@@ -30,8 +34,9 @@ class StopFlag:
         self.requested = False
 
     def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._handle)
-        signal.signal(signal.SIGINT, self._handle)
+        for name in ("SIGTERM", "SIGINT", "SIGHUP"):
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), self._handle)
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested = True
@@ -70,10 +75,11 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
             f"run {run_id} is {run['status']}, not queued; only a queued run can be executed",
             hint="create a new run from its config (`dpw run`)",
         )
+    store.mark_running(run_id)
     phase = "reading the config"
+    prepared = result = None
     try:
         config = RunConfig.from_dict(run["config"])
-        store.mark_running(run_id)
         emit("started", name=config.name, mechanism=config.mechanism, dataset=config.dataset,
              config=config.to_dict(), config_hash=config.config_hash())
         phase = "loading the data"
@@ -94,16 +100,38 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
         emit("finished", status=status, summary=summary)
         return status
     except Exception as exc:  # every failure is recorded; the store stays consistent
-        if isinstance(exc, DPWError):
-            message, hint = exc.message, exc.hint
-        else:
-            message = f"{type(exc).__name__}: {exc}"
-            hint = "this is a bug in DP Workbench; the traceback is in the run's error event"
-        store.update_run(run_id, status="failed", finished=now_iso(), error=message, error_hint=hint)
-        emit("error", message=message, where=phase, hint=hint,
-             traceback=None if isinstance(exc, DPWError) else traceback.format_exc())
-        emit("finished", status="failed", summary={"error": message})
-        return "failed"
+        return record_failure(store, run_id, writer, exc, where=phase, prepared=prepared, result=result)
+
+
+def record_failure(store: Store, run_id: int, writer: EventWriter, exc: Exception, *, where: str,
+                   prepared: Any = None, result: Any = None) -> str:
+    """Mark the run failed with a message for a person, keeping what it did: the ledger already holds
+    the privacy spent; a trained `result` adds its final figures (and the summary a failed model save
+    carries). If the store cannot take it (full disk, locked), the event stream still says why."""
+    message, hint, is_bug = explain(exc, store_path=store.path)
+    fields: dict[str, Any] = {"status": "failed", "finished": now_iso(), "error": message, "error_hint": hint}
+    if prepared is not None and result is not None:
+        try:
+            fields.update(prepared.run_fields(result))
+        except Exception:  # the failure itself is what must be recorded
+            pass
+    if getattr(exc, "summary", None):
+        fields["summary"] = exc.summary
+    try:
+        store.update_run(run_id, **fields)
+    except Exception as store_exc:
+        writer.sink = None
+        stored, _, _ = explain(store_exc, store_path=store.path)
+        message += f"; the store could not record this failure ({stored})"
+    details = {"traceback": traceback.format_exc() if is_bug else None}
+    for kind, payload in (("error", dict(message=message, where=where, hint=hint, **details)),
+                          ("finished", dict(status="failed", summary={"error": message}))):
+        try:
+            writer.emit(kind, **payload)
+        except Exception:
+            writer.sink = None  # the store stopped taking events: the stream alone tells the reader
+            writer.emit(kind, **payload)
+    return "failed"
 
 
 def threads_for(store: Store, run_id: int) -> int | None:
@@ -139,8 +167,11 @@ def main(argv: list[str] | None = None) -> int:
 
             torch.set_num_threads(threads)
         status = execute(store, args.run_id, stream=sys.stdout, stop=stop)
-    except DPWError as exc:
-        print(f"error: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""), file=sys.stderr)
+    except Exception as exc:  # before the run could start: one line, never a traceback for the user's situation
+        message, hint, is_bug = explain(exc, store_path=args.db)
+        if is_bug:
+            raise
+        print(f"error: {message}" + (f" ({hint})" if hint else ""), file=sys.stderr)
         return 1
     return 0 if status in ("finished", "stopped") else 1
 

@@ -6,6 +6,7 @@ in-process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from torch import nn
 from engine.config import RunConfig
 from engine.datasets import Dataset, load_dataset
 from engine.dpsgd import trainer
+from engine.errors import BudgetError, ModelSaveError
 from engine.models import build_model, check_dp_compatible, default_model_for
 from engine.randomness import randomness_summary
 
@@ -91,29 +93,42 @@ class PreparedRun:
         summary["per_class_accuracy"] = per_class_accuracy(
             trainer.predict(self.model, self.data.x_test.to(self.device)).cpu(), self.data.y_test, self.data.class_names
         )
-        save_model_artifact(self.model, model_name=self.model_name, data=self.data, config=self.config,
-                            out_dir=out_dir, emit=emit)
+        try:
+            save_model_artifact(self.model, model_name=self.model_name, data=self.data, config=self.config,
+                                out_dir=out_dir, emit=emit)
+        except ModelSaveError as exc:
+            exc.summary = summary  # the results stay with the run
+            raise
         return summary
 
 
 def save_model_artifact(model: nn.Module, *, model_name: str, data: Dataset, config: RunConfig, out_dir: Path,
                         emit: Emit) -> Path:
     """Save the released model with what it needs to be rebuilt and used (architecture, input shape,
-    normalization, class names, config) as `model.pt`, and announce it as an `artifact` event."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    normalization, class names, config) as `model.pt`, and announce it as an `artifact` event.
+    Raises ModelSaveError naming the path when it cannot be written (a file in the way, full disk)."""
     path = out_dir / "model.pt"
-    torch.save(
-        {
-            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-            "model": model_name,
-            "input_shape": list(data.input_shape),
-            "num_classes": data.num_classes,
-            "normalization": data.normalization,
-            "class_names": list(data.class_names),
-            "config": config.to_dict(),
-        },
-        path,
-    )
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(
+            {
+                "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+                "model": model_name,
+                "input_shape": list(data.input_shape),
+                "num_classes": data.num_classes,
+                "normalization": data.normalization,
+                "class_names": list(data.class_names),
+                "config": config.to_dict(),
+            },
+            path,
+        )
+    except (OSError, RuntimeError) as exc:  # torch's zip writer reports write failures as RuntimeError
+        with contextlib.suppress(OSError):
+            path.unlink()
+        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+        raise ModelSaveError(f"the trained model could not be saved to {path}: {reason}",
+                             hint="the run's results and the privacy it spent are kept; make that folder "
+                             "writable (or move what is in the way) and train again to get the model") from None
     from engine.runner import sha256_of
 
     emit("artifact", kind="model", path=str(path), sha256=sha256_of(path))
@@ -183,7 +198,14 @@ def prepare(config: RunConfig, *, emit: Emit = _noop) -> PreparedRun:
     if config.mechanism == "dpsgd":
         check_dp_compatible(model)
     device = trainer.resolve_device(config.device)
-    plan = trainer.plan_privacy(config, data.num_train, emit)
+    try:
+        plan = trainer.plan_privacy(config, data.num_train, emit)
+    except ValueError as exc:
+        if config.target_epsilon is None:
+            raise
+        # The settings ask for a privacy level no noise in the supported range gives: the user's choice.
+        raise BudgetError(str(exc), hint="raise target_epsilon or delta, or lower epochs or expected_batch_size"
+                          ) from None
     emit(
         "plan",
         model=model_name,

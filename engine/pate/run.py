@@ -39,7 +39,7 @@ from torch import nn
 from engine.config import RunConfig
 from engine.datasets import Dataset
 from engine.dpsgd.trainer import resolve_device
-from engine.errors import ConfigError
+from engine.errors import ConfigError, DataError, ModelSaveError
 from engine.models import build_model, default_model_for
 from engine.pate import aggregation
 from engine.pate.shards import partition
@@ -48,8 +48,8 @@ from engine.pate.teachers import Teachers, build_teachers, train_teachers, vote_
 from engine.privacy import pate as analysis
 from engine.privacy import pate_smooth
 from engine.privacy.types import Epsilon
-from engine.randomness import PrivateRandomness, randomness_summary
 from engine.publication import pate_publishable
+from engine.randomness import PrivateRandomness, randomness_summary
 
 Emit = Callable[..., Any]
 
@@ -202,6 +202,10 @@ class PreparedPATERun:
 
         def on_epoch(done: int, total: int, loss: float) -> None:
             emit("metric", step=done, epoch=float(done), name="teacher_train_loss", value=loss)
+            if not math.isfinite(loss):  # NaN teachers would spend privacy on meaningless votes
+                raise DataError(f"the teachers' training diverged: their mean training loss became {loss} in "
+                                f"epoch {done}; no query was answered",
+                                hint="lower the learning_rate (and check the data for extreme values)")
             now = time.monotonic()
             if now - last[0] > 0.5 or done == total:
                 emit("progress", phase="teachers", done=done, total=total)
@@ -252,7 +256,11 @@ class PreparedPATERun:
         emit("progress", phase="querying", done=0, total=total)
         for start in range(0, total, QUERY_CHUNK):
             end = min(start + QUERY_CHUNK, total)
-            pred = teachers.predict(self.x_pool[start:end].to(self.device), should_stop=should_stop)
+            try:
+                pred = teachers.predict(self.x_pool[start:end].to(self.device), should_stop=should_stop)
+            except InterruptedError:  # stopped while voting: account for the queries answered so far
+                result.stop_reason = "stopped"
+                break
             votes = vote_counts(pred.cpu(), self.data.num_classes)
             released = aggregation.aggregate(votes, aggregator=config.aggregator, rng=rng, **params.noise)
             real = analysis.query_costs(votes=votes, answered=released.answered, orders=orders, **params.analysis)
@@ -429,8 +437,12 @@ class PreparedPATERun:
 
         summary["per_class_accuracy"] = per_class_accuracy(
             predict(self.model, self.x_holdout.to(self.device)).cpu(), self.y_holdout, self.data.class_names)
-        save_model_artifact(self.model, model_name=self.model_name, data=self.data, config=self.config,
-                            out_dir=out_dir, emit=emit)
+        try:
+            save_model_artifact(self.model, model_name=self.model_name, data=self.data, config=self.config,
+                                out_dir=out_dir, emit=emit)
+        except ModelSaveError as exc:
+            exc.summary = summary  # the results stay with the run
+            raise
         return summary
 
 

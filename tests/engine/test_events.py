@@ -2,6 +2,7 @@
 
 import io
 import json
+import math
 
 import pytest
 
@@ -30,9 +31,39 @@ def test_unknown_event_type_is_a_programming_error():
         make_event("progres", 1, 0.0)
 
 
-def test_nan_is_refused_so_every_line_is_strict_json():
-    with pytest.raises(ValueError):
-        encode(make_event("metric", 1, 0.0, value=float("nan")))
+def test_non_finite_numbers_are_strict_json_strings_and_decode_back():
+    event = make_event("privacy", 1, 0.0, step=3, epsilon=float("inf"), delta=1e-5, accountant="pld",
+                       normalization={"std": [float("nan"), -float("inf")]})
+    line = encode(event)
+    json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} is not strict JSON"))
+    assert '"epsilon":"Infinity"' in line
+    back = decode(line)
+    assert back["epsilon"] == math.inf and back["normalization"]["std"][1] == -math.inf
+    assert math.isnan(back["normalization"]["std"][0])
+
+
+def test_text_fields_that_spell_a_non_finite_number_stay_text():
+    assert decode(encode(make_event("started", 1, 0.0, name="NaN", config={"name": "Infinity"})))["name"] == "NaN"
+
+
+def test_a_non_finite_number_never_cuts_the_stream():
+    stream = io.StringIO()
+    writer = EventWriter(1, stream=stream)
+    writer.emit("privacy", step=1, epsilon=float("inf"), delta=1e-5, accountant="rdp")
+    writer.emit("metric", step=1, epoch=0.1, name="train_loss", value=float("nan"))
+    writer.emit("finished", status="finished", summary={"epsilon": float("inf")})
+    events = [decode(line) for line in stream.getvalue().splitlines()]
+    assert [e["type"] for e in events] == ["privacy", "metric", "finished"]
+    assert events[-1]["summary"]["epsilon"] == math.inf
+
+
+def test_an_event_that_cannot_be_encoded_is_a_bug_not_a_closed_reader():
+    stream = io.StringIO()
+    writer = EventWriter(1, stream=stream)
+    with pytest.raises(TypeError):
+        writer.emit("warning", message=object())
+    writer.emit("warning", message="still written")
+    assert decode(stream.getvalue().splitlines()[-1])["message"] == "still written"
 
 
 def test_writer_survives_a_closed_reader_and_keeps_feeding_the_sink():
@@ -45,3 +76,13 @@ def test_writer_survives_a_closed_reader_and_keeps_feeding_the_sink():
     writer.emit("warning", message="a")
     writer.emit("warning", message="b")
     assert [e["message"] for e in seen] == ["a", "b"]
+
+
+def test_writer_stops_writing_to_a_closed_stream_but_keeps_the_sink():
+    stream = io.StringIO()
+    stream.close()
+    seen = []
+    writer = EventWriter(1, stream=stream, sink=seen.append)
+    writer.emit("warning", message="a")
+    writer.emit("warning", message="b")
+    assert writer.stream is None and len(seen) == 2
