@@ -210,33 +210,21 @@ class ProgressDisplay:
             self.bar = None
 
 
-def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = False) -> None:
-    from engine.publication import NO_GUARANTEE_STATEMENT, NOT_PUBLISHABLE, publishable_epsilon
-
+def print_summary(run_row: dict[str, Any]) -> None:
     lines = [f"run {run_row['id']} ({run_row['name']}): {run_row['status']}"]
     if run_row.get("stop_reason") == "budget":
         lines.append("  stopped at the epsilon budget")
     if run_row.get("accuracy") is not None:
         lines.append(f"  test accuracy  {run_row['accuracy']:.4f}")
-    eps = publishable_epsilon(run_row)
-    if eps.value is not None:
-        lines.append(f"  privacy        ε = {eps.value:.4f}, δ = {eps.delta:g} ({eps.accountant})"
-                     + ("" if eps.guarantee else "  NO GUARANTEE"))
+    if run_row.get("epsilon") is not None:
+        lines.append(f"  privacy        ε = {run_row['epsilon']:.4f}, δ = {run_row['delta']:g} ({run_row['accountant']})")
     elif run_row.get("mechanism") == "none":
         lines.append("  privacy        none (non-private baseline)")
-    if run_row.get("mechanism") in ("dpsgd", "pate") and not eps.guarantee:
-        lines.append(f"  caveat         {NO_GUARANTEE_STATEMENT} (reproducible_noise = true)")
     summary = run_row.get("summary") or {}
     if run_row.get("mechanism") == "pate":
         if summary.get("epsilon_released") is not None:
-            lines.append(f"  PATE ε         the smaller of data-independent {summary.get('epsilon_data_independent', float('nan')):.4g}"
-                         f" and released {summary['epsilon_released']:.4g} (both safe to publish)")
-        if summary.get("epsilon_data_dependent") is not None:
-            lines.append(f"  diagnostic     data-dependent ε {summary['epsilon_data_dependent']:.4g} ({NOT_PUBLISHABLE})")
-        if (summary.get("release") or {}).get("parameters_from_data"):
-            lines.append("  caveat         the release's parameters were chosen from the votes: the released ε does "
-                         "not cover that choice")
-        if summary.get("epsilon_released") is not None:
+            lines.append(f"  released ε     {summary['epsilon_released']:.4f} (safe to publish; the ε above depends on "
+                         f"the votes; data-independent {summary.get('epsilon_data_independent', float('nan')):.4g})")
             from engine.report import budget_on_private_votes
 
             if budget_on_private_votes(run_row):
@@ -245,8 +233,8 @@ def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = Fals
         if summary.get("queries") is not None:
             lines.append(f"  queries        {summary['queries']} of {run_row.get('steps_planned')}, "
                          f"{summary.get('answered', 0)} answered")
-        if summary.get("teacher_accuracy") and include_teacher_stats:
-            lines.append(f"  teachers       {summary['num_teachers']}, mean accuracy (private, not covered by ε) "
+        if summary.get("teacher_accuracy"):
+            lines.append(f"  teachers       {summary['num_teachers']}, mean accuracy "
                          f"{summary['teacher_accuracy']['mean']:.4f} (ensemble {summary.get('ensemble_accuracy') or 0:.4f})")
     elif run_row.get("steps_done") is not None and run_row.get("steps_planned"):
         lines.append(f"  steps          {run_row['steps_done']} of {run_row['steps_planned']}")
@@ -266,16 +254,6 @@ def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = Fals
 LIST_FIELDS = ("id", "name", "mechanism", "dataset", "status", "epsilon", "delta", "epsilon_budget", "accuracy")
 
 
-def list_row(run: dict[str, Any]) -> dict[str, Any]:
-    """A run as `dpw list` shows it: the publishable epsilon (engine.publication) and whether it holds."""
-    from engine.publication import publishable_epsilon
-
-    eps = publishable_epsilon(run)
-    row = {k: run.get(k) for k in LIST_FIELDS}
-    row.update(epsilon=eps.value, delta=eps.delta, accountant=eps.accountant, guarantee=eps.guarantee)
-    return row
-
-
 @cli.command("list")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
@@ -285,7 +263,7 @@ def list_runs(db: Path | None, as_json: bool) -> None:
     Example: dpw list --json
     """
     store = open_store(db)
-    rows = [list_row(r) for r in store.list_runs()]
+    rows = [{k: r.get(k) for k in LIST_FIELDS} for r in store.list_runs()]
     for r in rows:
         r["budget"] = r.pop("epsilon_budget")
     if as_json:
@@ -296,13 +274,6 @@ def list_runs(db: Path | None, as_json: bool) -> None:
         return
     from tabulate import tabulate
 
-    from engine.publication import NO_GUARANTEE
-
-    for r in rows:
-        r.pop("accountant")
-        if r.pop("guarantee") is False and r["mechanism"] != "none":
-            r["epsilon"] = f"{r['epsilon']:.4g} ({NO_GUARANTEE})" if r["epsilon"] is not None else NO_GUARANTEE
-
     click.echo(tabulate(rows, headers="keys", floatfmt=".4g", missingval="-"))
 
 
@@ -310,21 +281,19 @@ def list_runs(db: Path | None, as_json: bool) -> None:
 @click.argument("run_ref")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--include-teacher-stats", is_flag=True,
-              help="PATE: also show the teachers' accuracies (statistics of non-private models of the private data).")
-def show(run_ref: str, db: Path | None, as_json: bool, include_teacher_stats: bool) -> None:
+def show(run_ref: str, db: Path | None, as_json: bool) -> None:
     """Show one run (by id or name): config, results, privacy, artifacts.
 
     Example: dpw show 3 --json
     """
     store = open_store(db)
     store.reconcile_orphans()
-    info = run_details(store, run_ref, include_teacher_stats=include_teacher_stats)
+    info = run_details(store, run_ref)
     if as_json:
         click.echo(json.dumps(info, indent=1, default=str))
         return
     run_row = info["run"]
-    print_summary(run_row, include_teacher_stats=include_teacher_stats)
+    print_summary(run_row)
     click.echo(f"  config hash    {run_row['config_hash']}")
     click.echo(f"  rows           {info['rows']}")
     for art in info["artifacts"]:
@@ -367,24 +336,9 @@ def delete(run_refs: tuple[str, ...], db: Path | None, yes: bool) -> None:
         click.echo(f"deleted run {run['id']} ({run['name']})")
 
 
-TEACHER_STATS = ("teacher_accuracy", "ensemble_accuracy")
-
-
-def run_details(store, run_ref: str, *, include_teacher_stats: bool = False) -> dict[str, Any]:
-    """A run for `dpw show`: its epsilon the publishable one (engine.publication), with whether it
-    holds and the run's randomness; PATE teacher statistics only when asked for."""
-    from engine.publication import publishable_epsilon, randomness
-
-    run_row = dict(store.find_run(run_ref))
+def run_details(store, run_ref: str) -> dict[str, Any]:
+    run_row = store.find_run(run_ref)
     run_id = run_row["id"]
-    eps = publishable_epsilon(run_row)
-    run_row.update(epsilon=eps.value, delta=eps.delta, accountant=eps.accountant, guarantee=eps.guarantee,
-                   randomness=randomness(run_row))
-    if run_row.get("summary"):
-        summary = {k: v for k, v in run_row["summary"].items() if include_teacher_stats or k not in TEACHER_STATS}
-        if "epsilon" in summary:  # a PATE run stored before the publishable epsilon led holds the data-dependent one
-            summary.update(epsilon=eps.value, accountant=eps.accountant)
-        run_row["summary"] = summary
     metrics = store.metrics(run_id, "test_accuracy")
     return {
         "run": run_row,
@@ -420,17 +374,14 @@ def export(run_ref: str, db: Path | None, out_dir: Path) -> None:
               help="FILE.html, FILE.pdf or FILE.json (the format follows the extension).")
 @click.option("--include-votes", is_flag=True,
               help="Include PATE's raw teacher vote histograms (private data: the report then says so at its top).")
-@click.option("--include-teacher-stats", is_flag=True,
-              help="Include PATE's teacher and ensemble accuracies (private data: the report then says so at its top).")
-def report(run_ref: str, db: Path | None, out_file: Path, include_votes: bool, include_teacher_stats: bool) -> None:
+def report(run_ref: str, db: Path | None, out_file: Path, include_votes: bool) -> None:
     """Write a run's privacy report: the guarantee, how it was obtained, utility, caveats.
 
     Example: dpw report 3 --out report.pdf
     """
     from engine.report import write_report
 
-    click.echo(write_report(open_store(db), run_ref, out_file, include_votes=include_votes,
-                            include_teacher_stats=include_teacher_stats))
+    click.echo(write_report(open_store(db), run_ref, out_file, include_votes=include_votes))
 
 
 # ---- window ------------------------------------------------------------------------------------
@@ -510,30 +461,106 @@ def privacy_dpsgd(sample_rate: float, noise_multiplier: float, steps: int, delta
         click.echo(f"epsilon = {eps.value:.6g} at delta = {eps.delta:g} ({eps.accountant})")
 
 
+@privacy.command("risk")
+@click.option("--sample-rate", type=float, required=True, help="Poisson sampling rate q = expected batch / N.")
+@click.option("--noise-multiplier", type=float, required=True, help="Noise std in units of the clipping norm.")
+@click.option("--steps", type=click.IntRange(min=0), required=True, help="Number of training steps.")
+@click.option("--delta", type=float, required=True,
+              help="Target delta: of the epsilon shown, and the probability the posterior bound may fail.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print {"max_advantage", "tpr_at_fpr", "posterior", "tradeoff": {"fpr", "tpr"}, "epsilon", ...}.')
+def privacy_risk(sample_rate: float, noise_multiplier: float, steps: int, delta: float, as_json: bool) -> None:
+    """What DP-SGD's guarantee allows the best membership attacker (f-DP trade-off curve; upper bounds).
+
+    The attacker knows everything but whether one record was used. Shown: the highest TPR at
+    FPR 1% and 0.1%, the maximum advantage TPR - FPR, and the attacker's posterior for priors
+    1% and 50% (holding except with probability delta), all from the PLD accountant.
+
+    Example: dpw privacy risk --sample-rate 0.004267 --noise-multiplier 1.1 --steps 9375 --delta 1e-5 --json
+    """
+    from engine.privacy import risk
+
+    _check_number("sample-rate", sample_rate, 0.0, 1.0, open_low=False)
+    _check_number("noise-multiplier", noise_multiplier, 0.0, 1e4, open_low=False)
+    _check_number("delta", delta, 0.0, 1.0, open_high=True)
+    try:
+        result = risk.dpsgd_attack_risk(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps,
+                                        delta=delta)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(result.to_json()))
+        return
+    click.echo(f"Best membership attack against DP-SGD (sample rate {sample_rate:g}, noise multiplier "
+               f"{noise_multiplier:g}, {steps} steps); every figure is an upper bound")
+    click.echo(f"  epsilon                   {_up(result.epsilon)} at delta {delta:g} (pld)")
+    click.echo(f"  max advantage (TPR-FPR)   {_percent_up(result.max_advantage)}")
+    for fpr, tpr in result.tpr_at_fpr.items():
+        click.echo(f"  TPR at FPR {_percent(fpr):<14} {_percent_up(tpr)}")
+    for prior, post in result.posterior.items():
+        click.echo(f"  posterior, prior {_percent(prior):<8} {_percent_up(post)}  (except with probability {delta:g})")
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:g}%"
+
+
+def _up(x: float, digits: int = 3) -> str:
+    """x to `digits` significant digits, rounded up (a bound must not be shown smaller than it is)."""
+    if not math.isfinite(x) or x <= 0:
+        return f"{x:g}"
+    decimals = digits - 1 - math.floor(math.log10(x))
+    up = math.ceil(x * 10.0**decimals * (1 - 1e-9)) / 10.0**decimals  # ignore ulp-level safety margins
+    return f"{up:.{max(decimals, 0)}f}"
+
+
+def _percent_up(x: float) -> str:
+    return f"{_up(100 * x)}%" if x > 0 else "0%"
+
+
 @privacy.command("calibrate")
 @click.option("--sample-rate", type=float, required=True, help="Poisson sampling rate q = expected batch / N.")
 @click.option("--steps", type=click.IntRange(min=1), required=True, help="Number of training steps.")
-@click.option("--epsilon", type=float, required=True, help="Target epsilon.")
-@click.option("--delta", type=float, required=True, help="Target delta.")
+@click.option("--epsilon", type=float, default=None, help="Target epsilon (with --delta).")
+@click.option("--delta", type=float, default=None, help="Target delta (with --epsilon).")
+@click.option("--attack-tpr", type=float, default=None,
+              help="Instead of --epsilon: highest TPR allowed to a membership attack at --at-fpr.")
+@click.option("--at-fpr", type=float, default=0.01, show_default=True, help="The FPR at which --attack-tpr holds.")
 @click.option("--accountant", type=click.Choice(["pld", "rdp"]), default="pld", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help='Print {"noise_multiplier"}.')
-def privacy_calibrate(sample_rate: float, steps: int, epsilon: float, delta: float, accountant: str, as_json: bool) -> None:
-    """The smallest noise multiplier that meets a target (epsilon, delta).
+def privacy_calibrate(sample_rate: float, steps: int, epsilon: float | None, delta: float | None,
+                      attack_tpr: float | None, at_fpr: float, accountant: str, as_json: bool) -> None:
+    """The smallest noise multiplier that meets a target (epsilon, delta), or a target attack TPR.
 
     Example: dpw privacy calibrate --sample-rate 0.004267 --steps 9375 --epsilon 3 --delta 1e-5 --json
+    Example: dpw privacy calibrate --sample-rate 0.004267 --steps 9375 --attack-tpr 0.05 --at-fpr 0.01
     """
     from engine import privacy as priv
 
     _check_number("sample-rate", sample_rate, 0.0, 1.0)
-    _check_number("epsilon", epsilon, 0.0, 1e3)
-    _check_number("delta", delta, 0.0, 1.0, open_high=True)
+    if (epsilon is None) == (attack_tpr is None):
+        raise UserError("give either --epsilon with --delta, or --attack-tpr (with --at-fpr)")
     try:
-        sigma = priv.calibrate_noise_multiplier(sample_rate=sample_rate, steps=steps, target_epsilon=epsilon,
-                                                delta=delta, accountant=accountant)
+        if attack_tpr is not None:
+            if accountant != "pld":
+                raise UserError("--attack-tpr is calibrated on the PLD accountant; leave out --accountant")
+            _check_number("at-fpr", at_fpr, 0.0, 1.0, open_high=True)
+            _check_number("attack-tpr", attack_tpr, at_fpr, 1.0, open_high=True)
+            sigma = priv.calibrate_noise_multiplier_for_attack(sample_rate=sample_rate, steps=steps,
+                                                               target_tpr=attack_tpr, fpr=at_fpr)
+        else:
+            if delta is None:
+                raise UserError("--delta is needed with --epsilon")
+            _check_number("epsilon", epsilon, 0.0, 1e3)
+            _check_number("delta", delta, 0.0, 1.0, open_high=True)
+            sigma = priv.calibrate_noise_multiplier(sample_rate=sample_rate, steps=steps, target_epsilon=epsilon,
+                                                    delta=delta, accountant=accountant)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if as_json:
         click.echo(json.dumps({"noise_multiplier": sigma}))
+    elif attack_tpr is not None:
+        click.echo(f"noise multiplier = {sigma:.6g} (attack TPR <= {attack_tpr:g} at FPR {at_fpr:g}, pld)")
     else:
         click.echo(f"noise multiplier = {sigma:.6g} ({accountant})")
 

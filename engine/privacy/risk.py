@@ -42,6 +42,7 @@ References
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -425,6 +426,7 @@ def calibrate_noise_multiplier_for_attack(
     def sigma_of(m: int) -> float:
         return round(m * tol, digits)
 
+    @functools.lru_cache(maxsize=None)
     def tpr_of(m: int) -> float:
         profile = dpsgd_privacy_profile(sample_rate=q, noise_multiplier=sigma_of(m), steps=t)
         return float(highest_tpr(profile=profile, fpr=[alpha])[0])
@@ -436,19 +438,44 @@ def calibrate_noise_multiplier_for_attack(
             f"target_tpr={target:g} at fpr={alpha:g} cannot be reached with noise_multiplier <= {hi_sigma:g} "
             f"(TPR there is {tpr_top:.4g}); allow a higher TPR, fewer steps or a smaller sample rate"
         )
-    tpr_bottom = tpr_of(m_lo)
-    if tpr_bottom <= target:
+    good = _search_down(lambda m: math.log(max(tpr_of(m) - alpha, 1e-300)), math.log(target - alpha), m_lo, m_hi)
+    if good == m_lo:
         raise ValueError(
             f"target_tpr={target:g} at fpr={alpha:g} is already met at noise_multiplier={lo_sigma:g} "
-            f"(TPR {tpr_bottom:.4g}); the calibrated value would be below the supported range"
+            f"(TPR {tpr_of(m_lo):.4g}); the calibrated value would be below the supported range"
         )
-    # Invariant: tpr(bad) > target >= tpr(good), bad < good. Bisect in log space first (wide range).
-    bad, good = m_lo, m_hi
-    while good - bad > 1:
-        mid = int(round(math.sqrt(bad * good))) if good > 4 * bad else (bad + good) // 2
-        mid = min(max(mid, bad + 1), good - 1)
-        if tpr_of(mid) <= target:
-            good = mid
-        else:
-            bad = mid
     return sigma_of(good)
+
+
+def _search_down(score, goal: float, lo: int, hi: int) -> int:
+    """Smallest m in [lo, hi] with score(m) <= goal, given score(hi) <= goal and score non-increasing.
+
+    Illinois regula falsi over log m, with a bisection step (geometric while the bracket is wide)
+    whenever two steps did not halve the bracket: a handful of evaluations instead of
+    ~log2(hi - lo), and the slow low end of the range is evaluated only if the search gets there.
+    """
+    bad, good = lo - 1, hi  # score(good) <= goal; score(m) > goal for every m <= bad
+    a_bad, a_good = math.inf, score(hi)
+    side, widths = 0, [good - bad]
+    while good - bad > 1:
+        stalled = len(widths) >= 3 and 2 * widths[-1] > widths[-3]
+        low = max(bad, lo)
+        if stalled or not math.isfinite(a_bad) or a_bad <= a_good:
+            mid = int(round(math.sqrt(low * good))) if good > 4 * low else (low + good) // 2
+        else:
+            x_bad, x_good = math.log(bad), math.log(good)
+            mid = int(round(math.exp(x_bad + (a_bad - goal) / (a_bad - a_good) * (x_good - x_bad))))
+        mid = min(max(mid, bad + 1), good - 1)
+        value = score(mid)
+        if value <= goal:
+            good, a_good = mid, value
+            if side == 1:
+                a_bad = goal + (a_bad - goal) / 2.0
+            side = 1
+        else:
+            bad, a_bad = mid, value
+            if side == -1:
+                a_good = goal - (goal - a_good) / 2.0
+            side = -1
+        widths.append(good - bad)
+    return good
