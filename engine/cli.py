@@ -210,21 +210,33 @@ class ProgressDisplay:
             self.bar = None
 
 
-def print_summary(run_row: dict[str, Any]) -> None:
+def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = False) -> None:
+    from engine.publication import NO_GUARANTEE_STATEMENT, NOT_PUBLISHABLE, publishable_epsilon
+
     lines = [f"run {run_row['id']} ({run_row['name']}): {run_row['status']}"]
     if run_row.get("stop_reason") == "budget":
         lines.append("  stopped at the epsilon budget")
     if run_row.get("accuracy") is not None:
         lines.append(f"  test accuracy  {run_row['accuracy']:.4f}")
-    if run_row.get("epsilon") is not None:
-        lines.append(f"  privacy        ε = {run_row['epsilon']:.4f}, δ = {run_row['delta']:g} ({run_row['accountant']})")
+    eps = publishable_epsilon(run_row)
+    if eps.value is not None:
+        lines.append(f"  privacy        ε = {eps.value:.4f}, δ = {eps.delta:g} ({eps.accountant})"
+                     + ("" if eps.guarantee else "  NO GUARANTEE"))
     elif run_row.get("mechanism") == "none":
         lines.append("  privacy        none (non-private baseline)")
+    if run_row.get("mechanism") in ("dpsgd", "pate") and not eps.guarantee:
+        lines.append(f"  caveat         {NO_GUARANTEE_STATEMENT} (reproducible_noise = true)")
     summary = run_row.get("summary") or {}
     if run_row.get("mechanism") == "pate":
         if summary.get("epsilon_released") is not None:
-            lines.append(f"  released ε     {summary['epsilon_released']:.4f} (safe to publish; the ε above depends on "
-                         f"the votes; data-independent {summary.get('epsilon_data_independent', float('nan')):.4g})")
+            lines.append(f"  PATE ε         the smaller of data-independent {summary.get('epsilon_data_independent', float('nan')):.4g}"
+                         f" and released {summary['epsilon_released']:.4g} (both safe to publish)")
+        if summary.get("epsilon_data_dependent") is not None:
+            lines.append(f"  diagnostic     data-dependent ε {summary['epsilon_data_dependent']:.4g} ({NOT_PUBLISHABLE})")
+        if (summary.get("release") or {}).get("parameters_from_data"):
+            lines.append("  caveat         the release's parameters were chosen from the votes: the released ε does "
+                         "not cover that choice")
+        if summary.get("epsilon_released") is not None:
             from engine.report import budget_on_private_votes
 
             if budget_on_private_votes(run_row):
@@ -233,8 +245,8 @@ def print_summary(run_row: dict[str, Any]) -> None:
         if summary.get("queries") is not None:
             lines.append(f"  queries        {summary['queries']} of {run_row.get('steps_planned')}, "
                          f"{summary.get('answered', 0)} answered")
-        if summary.get("teacher_accuracy"):
-            lines.append(f"  teachers       {summary['num_teachers']}, mean accuracy "
+        if summary.get("teacher_accuracy") and include_teacher_stats:
+            lines.append(f"  teachers       {summary['num_teachers']}, mean accuracy (private, not covered by ε) "
                          f"{summary['teacher_accuracy']['mean']:.4f} (ensemble {summary.get('ensemble_accuracy') or 0:.4f})")
     elif run_row.get("steps_done") is not None and run_row.get("steps_planned"):
         lines.append(f"  steps          {run_row['steps_done']} of {run_row['steps_planned']}")
@@ -254,6 +266,16 @@ def print_summary(run_row: dict[str, Any]) -> None:
 LIST_FIELDS = ("id", "name", "mechanism", "dataset", "status", "epsilon", "delta", "epsilon_budget", "accuracy")
 
 
+def list_row(run: dict[str, Any]) -> dict[str, Any]:
+    """A run as `dpw list` shows it: the publishable epsilon (engine.publication) and whether it holds."""
+    from engine.publication import publishable_epsilon
+
+    eps = publishable_epsilon(run)
+    row = {k: run.get(k) for k in LIST_FIELDS}
+    row.update(epsilon=eps.value, delta=eps.delta, accountant=eps.accountant, guarantee=eps.guarantee)
+    return row
+
+
 @cli.command("list")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
@@ -263,7 +285,7 @@ def list_runs(db: Path | None, as_json: bool) -> None:
     Example: dpw list --json
     """
     store = open_store(db)
-    rows = [{k: r.get(k) for k in LIST_FIELDS} for r in store.list_runs()]
+    rows = [list_row(r) for r in store.list_runs()]
     for r in rows:
         r["budget"] = r.pop("epsilon_budget")
     if as_json:
@@ -274,6 +296,13 @@ def list_runs(db: Path | None, as_json: bool) -> None:
         return
     from tabulate import tabulate
 
+    from engine.publication import NO_GUARANTEE
+
+    for r in rows:
+        r.pop("accountant")
+        if r.pop("guarantee") is False and r["mechanism"] != "none":
+            r["epsilon"] = f"{r['epsilon']:.4g} ({NO_GUARANTEE})" if r["epsilon"] is not None else NO_GUARANTEE
+
     click.echo(tabulate(rows, headers="keys", floatfmt=".4g", missingval="-"))
 
 
@@ -281,19 +310,21 @@ def list_runs(db: Path | None, as_json: bool) -> None:
 @click.argument("run_ref")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def show(run_ref: str, db: Path | None, as_json: bool) -> None:
+@click.option("--include-teacher-stats", is_flag=True,
+              help="PATE: also show the teachers' accuracies (statistics of non-private models of the private data).")
+def show(run_ref: str, db: Path | None, as_json: bool, include_teacher_stats: bool) -> None:
     """Show one run (by id or name): config, results, privacy, artifacts.
 
     Example: dpw show 3 --json
     """
     store = open_store(db)
     store.reconcile_orphans()
-    info = run_details(store, run_ref)
+    info = run_details(store, run_ref, include_teacher_stats=include_teacher_stats)
     if as_json:
         click.echo(json.dumps(info, indent=1, default=str))
         return
     run_row = info["run"]
-    print_summary(run_row)
+    print_summary(run_row, include_teacher_stats=include_teacher_stats)
     click.echo(f"  config hash    {run_row['config_hash']}")
     click.echo(f"  rows           {info['rows']}")
     for art in info["artifacts"]:
@@ -336,9 +367,24 @@ def delete(run_refs: tuple[str, ...], db: Path | None, yes: bool) -> None:
         click.echo(f"deleted run {run['id']} ({run['name']})")
 
 
-def run_details(store, run_ref: str) -> dict[str, Any]:
-    run_row = store.find_run(run_ref)
+TEACHER_STATS = ("teacher_accuracy", "ensemble_accuracy")
+
+
+def run_details(store, run_ref: str, *, include_teacher_stats: bool = False) -> dict[str, Any]:
+    """A run for `dpw show`: its epsilon the publishable one (engine.publication), with whether it
+    holds and the run's randomness; PATE teacher statistics only when asked for."""
+    from engine.publication import publishable_epsilon, randomness
+
+    run_row = dict(store.find_run(run_ref))
     run_id = run_row["id"]
+    eps = publishable_epsilon(run_row)
+    run_row.update(epsilon=eps.value, delta=eps.delta, accountant=eps.accountant, guarantee=eps.guarantee,
+                   randomness=randomness(run_row))
+    if run_row.get("summary"):
+        summary = {k: v for k, v in run_row["summary"].items() if include_teacher_stats or k not in TEACHER_STATS}
+        if "epsilon" in summary:  # a PATE run stored before the publishable epsilon led holds the data-dependent one
+            summary.update(epsilon=eps.value, accountant=eps.accountant)
+        run_row["summary"] = summary
     metrics = store.metrics(run_id, "test_accuracy")
     return {
         "run": run_row,
@@ -374,14 +420,17 @@ def export(run_ref: str, db: Path | None, out_dir: Path) -> None:
               help="FILE.html, FILE.pdf or FILE.json (the format follows the extension).")
 @click.option("--include-votes", is_flag=True,
               help="Include PATE's raw teacher vote histograms (private data: the report then says so at its top).")
-def report(run_ref: str, db: Path | None, out_file: Path, include_votes: bool) -> None:
+@click.option("--include-teacher-stats", is_flag=True,
+              help="Include PATE's teacher and ensemble accuracies (private data: the report then says so at its top).")
+def report(run_ref: str, db: Path | None, out_file: Path, include_votes: bool, include_teacher_stats: bool) -> None:
     """Write a run's privacy report: the guarantee, how it was obtained, utility, caveats.
 
     Example: dpw report 3 --out report.pdf
     """
     from engine.report import write_report
 
-    click.echo(write_report(open_store(db), run_ref, out_file, include_votes=include_votes))
+    click.echo(write_report(open_store(db), run_ref, out_file, include_votes=include_votes,
+                            include_teacher_stats=include_teacher_stats))
 
 
 # ---- window ------------------------------------------------------------------------------------
