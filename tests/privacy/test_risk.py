@@ -240,6 +240,21 @@ def test_rdp_profile_of_dpsgd_is_looser_than_the_pld_profile():
     assert np.all(from_rdp >= _ours(q, sigma, steps) * (1 - 1e-9))
 
 
+def test_pate_gnmax_profile_from_its_rdp_is_never_below_the_gaussian_it_post_processes():
+    """n data-independent GNMax answers: each is the arg max of a Gaussian mechanism whose histogram moves
+    by sqrt(2), so the n answers are post-processing of sqrt(2n)/sigma-GDP. The curve from the RDP
+    curve (engine.privacy.pate) may not be below that GDP curve."""
+    from engine.privacy import pate
+
+    sigma, queries = 40.0, 1000
+    rdp = queries * pate.gnmax_rdp_data_independent(sigma=sigma, orders=pate.PATE_ORDERS)
+    profile = rdp_privacy_profile(orders=pate.PATE_ORDERS, rdp=rdp)
+    mu = math.sqrt(2 * queries) / sigma
+    tpr = highest_tpr(profile=profile, fpr=ALPHAS)
+    assert np.all(tpr >= gdp_tpr(ALPHAS, mu))
+    assert max_advantage(profile=profile) >= 2 * norm.cdf(mu / 2) - 1
+
+
 def test_attack_risk_reports_every_figure_from_one_profile():
     profile = gaussian_profile(1.0)
     risk = attack_risk(profile=profile, delta=1e-5)
