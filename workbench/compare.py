@@ -20,18 +20,20 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.publication import NO_GUARANTEE, carries_guarantee, publishable_epsilon
 from workbench.plots import Plot, colour, palette_colours, set_curve
 from workbench.run_data import RunData
 
 
 def accuracy_vs_epsilon(data: RunData, row: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """(epsilon, test accuracy) at each evaluation: epsilon of the run's reported accountant at the
-    evaluation's step. PATE (accuracy of the student, epsilon of the queries): the final point."""
+    evaluation's step. PATE (accuracy of the student, epsilon of the queries): the final point, at the
+    publishable epsilon (engine.publication)."""
     acc = data.metrics.get("test_accuracy")
     if acc is None or not len(acc):
         return np.empty(0), np.empty(0)
     if data.mechanism == "pate":
-        eps = row.get("epsilon")
+        eps = publishable_epsilon(row).value
         return (np.array([eps]), np.array([acc.last()])) if eps is not None else (np.empty(0), np.empty(0))
     for name in (row.get("accountant"), (row.get("config") or {}).get("accountant"), "pld", "rdp"):
         series = data.privacy.get(name) if name else None
@@ -68,10 +70,10 @@ class CompareView(QWidget):
         plots = QWidget()
         grid = QGridLayout(plots)
         grid.setContentsMargins(0, 0, 0, 0)
-        self.tradeoff = Plot("Accuracy against privacy", "ε", "test accuracy", corner="bottom-right")
+        self.tradeoff = Plot("Accuracy against privacy", "publishable ε", "test accuracy", corner="bottom-right")
         self.acc_steps = Plot("Test accuracy", "step", "accuracy", legend=False)
-        self.eps_steps = Plot("Privacy spent", "step", "ε", legend=False)
-        self.scatter_plot = Plot("All finished runs", "final ε", "final test accuracy", legend=False)
+        self.eps_steps = Plot("Privacy spent", "step (PATE: queries)", "publishable ε", legend=False)
+        self.scatter_plot = Plot("All finished runs", "final publishable ε", "final test accuracy", legend=False)
         grid.addWidget(self.tradeoff, 0, 0, 2, 1)
         grid.addWidget(self.acc_steps, 0, 1)
         grid.addWidget(self.eps_steps, 1, 1)
@@ -96,7 +98,7 @@ class CompareView(QWidget):
             if plot.legend is not None:
                 plot.legend.clear()
         for index, (row, data) in enumerate(runs):
-            label = f"{row['id']}: {row['name']}"
+            label = f"{row['id']}: {row['name']}" + ("" if carries_guarantee(row) else f" ({NO_GUARANTEE})")
             eps, acc = accuracy_vs_epsilon(data, row)
             set_curve(self.tradeoff.curve(label, index, symbol="o"), eps, acc)
             series = data.metrics.get("test_accuracy")
@@ -114,25 +116,27 @@ class CompareView(QWidget):
     def _scatter(self, rows: list[dict[str, Any]], selected: dict[int, int]) -> None:
         """`selected`: run id -> its colour index in the other plots."""
         points = [r for r in rows if r["status"] == "finished" and r.get("accuracy") is not None
-                  and r.get("epsilon") is not None]
+                  and publishable_epsilon(r).value is not None]
         _, foreground = palette_colours()
         spots = []
         for r in points:
             chosen = r["id"] in selected
             spots.append({
-                "pos": (r["epsilon"], r["accuracy"]),
+                "pos": (publishable_epsilon(r).value, r["accuracy"]),
                 "size": 12 if chosen else 8,
                 "brush": pg.mkBrush(colour(selected[r["id"]]) if chosen else colour(7)),
                 "pen": pg.mkPen(foreground) if chosen else None,
                 "data": r["id"],
             })
         scatter = pg.ScatterPlotItem(spots=spots, hoverable=True)
-        scatter.setToolTip("Finished runs with a privacy guarantee; the selected ones are larger")
+        scatter.setToolTip("Finished private runs at their publishable ε; the selected ones are larger; "
+                           f"'{NO_GUARANTEE}': reproducible noise")
         self.scatter_plot.addItem(scatter)
         self.scatter = scatter
         for r in points:
-            text = pg.TextItem(str(r["id"]), color=foreground, anchor=(0, 1))
-            text.setPos(r["epsilon"], r["accuracy"])
+            text = pg.TextItem(str(r["id"]) + ("" if carries_guarantee(r) else f" ({NO_GUARANTEE})"),
+                               color=foreground, anchor=(0, 1))
+            text.setPos(publishable_epsilon(r).value, r["accuracy"])
             self.scatter_plot.addItem(text)
 
     def _config_table(self, rows: list[dict[str, Any]]) -> None:

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.publication import NO_GUARANTEE, carries_guarantee, pate_publishable
 from engine.report import budget_on_private_votes
 from workbench.plots import Plot, set_curve
 from workbench.run_data import RunData
@@ -148,7 +149,9 @@ class Dashboard(QWidget):
         grid.setContentsMargins(0, 0, 0, 0)
         self.teacher_plot = Plot("Teacher training", "epoch (one line per group of teachers)",
                                  "mean train loss", legend=False)
-        self.teacher_acc_plot = Plot("Teachers", "teacher", "held-out accuracy", legend=False)
+        # Accuracies of models trained without privacy on private data: shown here, never exported.
+        self.teacher_acc_plot = Plot("Teachers (private: not covered by ε, never exported)", "teacher",
+                                     "held-out accuracy", legend=False)
         self.pate_eps_plot = Plot("Privacy spent", "queries processed", "ε", corner="top-left")
         self.counts_plot = Plot("Student queries", "queries processed", "count", corner="top-left")
         self.student_plot = Plot("Student", "student step", "test accuracy", legend=False)
@@ -233,34 +236,39 @@ class Dashboard(QWidget):
             self._dirty.pop(0)(self.data)
 
     def _budget_text(self, data: RunData) -> None:
-        """Epsilon spent as the budget counts it (the run's accountant), the live bound when it is
-        further along, the budget and what is left of it."""
+        """The publishable epsilon spent (engine.publication; DP-SGD: the run's accountant, with the live
+        bound when it is further along), the budget and what is left of it. PATE's data-dependent
+        epsilon only as a diagnostic marked not publishable; a reproducible-noise run: no guarantee."""
         if data.mechanism == "none":
             self.budget_label.setText("non-private: ε = ∞")
             return
-        name, series = data.epsilon_series()
-        parts = []
+        parts = [] if carries_guarantee(data.as_run()) else [f"{NO_GUARANTEE.upper()} (reproducible noise)"]
         spent = None
-        if series is not None and len(series):
-            spent = series.last()
-            parts.append(f"ε {spent:.3g} ({name}, step {int(series.x[-1]):,})")
-            live = data.privacy.get("rdp")
-            if name != "rdp" and live is not None and len(live) and live.x[-1] > series.x[-1]:
-                parts.append(f"live bound {live.last():.3g} (rdp, step {int(live.x[-1]):,})")
-        released = data.privacy.get("pate-released")
-        if released is not None and len(released):
-            parts.append(f"released ε {released.last():.3g}")
+        if data.mechanism == "pate":
+            di, dd = data.privacy.get("pate-di"), data.privacy.get("pate-dd")
+            released = data.privacy.get("pate-released")
+            value, accountant = pate_publishable(di.last() if di is not None else None,
+                                                 released.last() if released is not None else None)
+            if value is not None:
+                where = f", query {int(di.x[-1]):,}" if di is not None and len(di) else ""
+                parts.append(f"ε {value:.3g} (publishable, {accountant}{where})")
+            if dd is not None and len(dd):
+                parts.append(f"data-dependent ε {dd.last():.3g} (private diagnostic, not publishable)")
+            run = {"mechanism": data.mechanism, "config": data.config}
+            # The budget counts the epsilon the engine stops on.
+            counted = dd if budget_on_private_votes(run) else di
+            spent = counted.last() if counted is not None and len(counted) else None
+        else:
+            name, series = data.epsilon_series()
+            if series is not None and len(series):
+                spent = series.last()
+                parts.append(f"ε {spent:.3g} ({name}, step {int(series.x[-1]):,})")
+                live = data.privacy.get("rdp")
+                if name != "rdp" and live is not None and len(live) and live.x[-1] > series.x[-1]:
+                    parts.append(f"live bound {live.last():.3g} (rdp, step {int(live.x[-1]):,})")
         budget = data.budget
         if budget is not None:
-            counted = spent
-            run = {"mechanism": data.mechanism, "config": data.config}
-            if data.mechanism == "pate" and not budget_on_private_votes(run):
-                # The budget counts the data-independent epsilon (what the engine stops on).
-                di = data.privacy.get("pate-di")
-                counted = di.last() if di is not None and len(di) else None
-                if counted is not None:
-                    parts.append(f"data-independent ε {counted:.3g}")
-            left = f", {max(budget - counted, 0):.3g} left" if counted is not None else ""
+            left = f", {max(budget - spent, 0):.3g} left" if spent is not None else ""
             parts.append(f"budget {budget:g}{left}")
         self.budget_label.setText("  ·  ".join(parts))
 
@@ -295,8 +303,10 @@ class Dashboard(QWidget):
         for name, series in sorted(data.privacy.items()):
             item = table.get(name)
             if item is None:
-                label = {"pate-dd": "data-dependent", "pate-di": "data-independent",
-                         "pate-released": "released (smooth sensitivity)", "rdp": "rdp (live)"}.get(name, name)
+                label = {"pate-dd": "data-dependent (private diagnostic, not publishable)",
+                         "pate-di": "data-independent (publishable)",
+                         "pate-released": "released (smooth sensitivity, publishable)",
+                         "rdp": "rdp (live)"}.get(name, name)
                 item = plot.curve(label, 4 + len(table), symbol="o" if name in ("pld", "pate-released") else None)
                 table[name] = item
             set_curve(item, series.x, series.y)

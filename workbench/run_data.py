@@ -157,14 +157,27 @@ class RunData:
         return elapsed / done * (self.total - self.done)
 
     def epsilon_series(self) -> tuple[str | None, Series | None]:
-        """The curve of the reported epsilon: the run's accountant, else the live one."""
+        """The curve of the reported epsilon: the run's accountant, else the live one. PATE: the
+        publishable epsilon (engine.publication: data-independent, then min with the release)."""
         if not self.privacy:
             return None, None
+        if self.mechanism == "pate" and "pate-di" in self.privacy:
+            from engine.publication import publishable_pate_curve
+
+            di, released = self.privacy["pate-di"], self.privacy.get("pate-released")
+            x, y = publishable_pate_curve(di.x, di.y, (released.x[-1], released.y[-1]) if released else None)
+            series = Series()
+            series.extend(x, y)
+            return "publishable", series
         for name in (self.plan.get("accountant"), self.config.get("accountant"), "pate-dd", "pld", "rdp"):
             if name in self.privacy:
                 return name, self.privacy[name]
         name = next(iter(self.privacy))
         return name, self.privacy[name]
+
+    def as_run(self) -> dict[str, Any]:
+        """What engine.publication reads of a run (mechanism, config, summary, plan)."""
+        return {"mechanism": self.mechanism, "config": self.config, "summary": self.summary, "plan": self.plan}
 
     @property
     def budget(self) -> float | None:

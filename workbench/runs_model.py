@@ -8,6 +8,8 @@ from typing import Any
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 from PySide6.QtGui import QColor
 
+from engine.publication import NO_GUARANTEE_STATEMENT, carries_guarantee, epsilon_label, publishable_epsilon
+
 COLUMNS = (
     ("id", "#"),
     ("name", "Name"),
@@ -29,6 +31,19 @@ def _started(value: str | None) -> str:
     except ValueError:
         return value
     return when.strftime("%m-%d %H:%M")
+
+
+def epsilon_tooltip(row: dict[str, Any]) -> str:
+    """What the ε column's number is (engine.publication), or why it carries no guarantee."""
+    if not carries_guarantee(row):
+        return NO_GUARANTEE_STATEMENT + " (reproducible_noise = true)."
+    eps = publishable_epsilon(row)
+    if eps.value is None:
+        return "No privacy accounted yet."
+    if row.get("mechanism") == "pate":
+        return (f"Publishable ε ({eps.accountant}): the smaller of PATE's data-independent bound and its "
+                f"smooth-sensitivity release, δ = {eps.delta:g}.")
+    return f"ε at δ = {eps.delta:g} ({eps.accountant} accountant)."
 
 
 class RunsModel(QAbstractTableModel):
@@ -78,9 +93,7 @@ class RunsModel(QAbstractTableModel):
         value = row.get(key)
         if role == Qt.ItemDataRole.DisplayRole:
             if key == "epsilon":
-                if row.get("mechanism") == "none":
-                    return "∞"
-                return "" if value is None else f"{value:.3g}"
+                return epsilon_label(row)
             if key == "accuracy":
                 return "" if value is None else f"{value:.3f}"
             if key == "started":
@@ -89,6 +102,8 @@ class RunsModel(QAbstractTableModel):
         if role == Qt.ItemDataRole.ForegroundRole and key == "status" and value in STATUS_COLOURS:
             return QColor(STATUS_COLOURS[value])
         if role == Qt.ItemDataRole.ToolTipRole:
+            if key == "epsilon" and row.get("mechanism") in ("dpsgd", "pate"):
+                return epsilon_tooltip(row)
             if row.get("error"):
                 return f"{row['error']}" + (f"\n{row['error_hint']}" if row.get("error_hint") else "")
             return None

@@ -54,7 +54,11 @@ def test_pate_dashboard_shows_teachers_queries_and_privacy(pate_window_and_run, 
     assert window.dashboard.pages.currentWidget() is window.dashboard.pate_page
     curve = window.dashboard.pate_curves["answered"]
     qtbot.waitUntil(lambda: curve.xData is not None and len(curve.xData) == len(data.answered), timeout=5000)
-    assert "pate-dd" in window.dashboard.budget_label.text()
+    text = window.dashboard.budget_label.text()
+    row = Store(window.store.path).get_run(run_id)
+    assert text.startswith(f"ε {row['epsilon']:.3g} (publishable, {row['accountant']}")
+    assert "data-dependent ε" in text and "not publishable" in text
+    assert "private" in window.dashboard.teacher_acc_plot.getPlotItem().titleLabel.text
 
 
 def test_votes_view_reads_histograms_from_the_store(pate_window_and_run, qtbot):

@@ -1,0 +1,90 @@
+"""The window shows each run's publishable epsilon (engine.publication) and says 'no guarantee' for
+reproducible-noise runs: runs list, dashboard header, compare axes."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+
+from workbench.compare import CompareView, accuracy_vs_epsilon
+from workbench.run_data import RunData
+from workbench.runs_model import COLUMNS, RunsModel
+
+EPS_COLUMN = [key for key, _ in COLUMNS].index("epsilon")
+PATE_SUMMARY = {"epsilon_data_dependent": 1.2, "epsilon_data_independent": 4.0, "epsilon_released": 2.5}
+
+
+def rows():
+    secret = {"reproducible_noise": False, "noise_sampler": "standard"}
+    return [
+        {"id": 1, "name": "dp", "mechanism": "dpsgd", "status": "finished", "epsilon": 3.0, "delta": 1e-5,
+         "accountant": "pld", "accuracy": 0.9, "config": secret, "summary": {}},
+        {"id": 2, "name": "seeded", "mechanism": "dpsgd", "status": "finished", "epsilon": 3.0, "delta": 1e-5,
+         "accountant": "pld", "accuracy": 0.9, "config": dict(secret, reproducible_noise=True), "summary": {}},
+        # A PATE row stored before the publishable epsilon led: the column held the data-dependent value.
+        {"id": 3, "name": "pate", "mechanism": "pate", "status": "finished", "epsilon": 1.2, "delta": 1e-5,
+         "accountant": "pate-dd", "accuracy": 0.8, "config": secret, "summary": PATE_SUMMARY},
+        {"id": 4, "name": "base", "mechanism": "none", "status": "finished", "accuracy": 0.95, "config": secret},
+    ]
+
+
+def test_runs_list_shows_the_publishable_epsilon_and_no_guarantee(qtbot):
+    model = RunsModel()
+    model.set_rows(rows())
+    shown = {model.run_at(r)["id"]: model.data(model.index(r, EPS_COLUMN)) for r in range(model.rowCount())}
+    assert shown == {1: "3", 2: "3 (no guarantee)", 3: "2.5", 4: "∞"}
+    tips = {model.run_at(r)["id"]: model.data(model.index(r, EPS_COLUMN), Qt.ItemDataRole.ToolTipRole)
+            for r in range(model.rowCount())}
+    assert tips[2].startswith("No differential privacy guarantee: the noise is reproducible from the published seed")
+    assert "pate-released" in tips[3] and "smaller of" in tips[3]
+
+
+def test_compare_places_pate_at_its_publishable_epsilon_and_labels_seeded_runs(qtbot):
+    pate = RunData(run_id=3, mechanism="pate")
+    pate.apply({"type": "metric", "step": 10, "name": "test_accuracy", "value": 0.8})
+    eps, acc = accuracy_vs_epsilon(pate, rows()[2])
+    assert list(eps) == [2.5] and list(acc) == [0.8]
+
+    view = CompareView()
+    qtbot.addWidget(view)
+    runs = []
+    for row in rows()[:3]:
+        data = RunData(run_id=row["id"], mechanism=row["mechanism"], config=row["config"])
+        data.apply({"type": "metric", "step": 10, "name": "test_accuracy", "value": row["accuracy"]})
+        runs.append((row, data))
+    view.show_runs(runs, rows())
+    positions = {spot.data(): spot.pos().x() for spot in view.scatter.points()}
+    assert positions == {1: 3.0, 2: 3.0, 3: 2.5}
+    assert view.tradeoff.getPlotItem().getAxis("bottom").labelText == "publishable ε"
+    labels = [item.text for _, item in view.tradeoff.legend.items]
+    assert "2: seeded (no guarantee)" in labels and "1: dp" in labels
+
+
+def test_pate_epsilon_curve_is_the_publishable_one():
+    data = RunData(run_id=1, mechanism="pate")
+    for step, dd, di in ((100, 0.5, 2.0), (200, 0.9, 3.5), (300, 1.2, 4.0)):
+        data.apply({"type": "privacy", "step": step, "epsilon": dd, "accountant": "pate-dd"})
+        data.apply({"type": "privacy", "step": step, "epsilon": di, "accountant": "pate-di"})
+    name, series = data.epsilon_series()
+    assert name == "publishable" and list(series.y) == [2.0, 3.5, 4.0]
+    data.apply({"type": "privacy", "step": 300, "epsilon": 2.5, "accountant": "pate-released"})
+    name, series = data.epsilon_series()
+    assert list(series.x) == [100, 200, 300, 300] and list(series.y) == [2.0, 3.5, 4.0, 2.5]
+
+
+def test_dashboard_header_leads_with_the_publishable_epsilon(qtbot):
+    from workbench.dashboard import Dashboard
+
+    dashboard = Dashboard()
+    qtbot.addWidget(dashboard)
+    pate = RunData(run_id=3, mechanism="pate", config={"reproducible_noise": False})
+    for accountant, value in (("pate-dd", 1.2), ("pate-di", 4.0), ("pate-released", 2.5)):
+        pate.apply({"type": "privacy", "step": 300, "epsilon": value, "accountant": accountant})
+    dashboard._budget_text(pate)
+    text = dashboard.budget_label.text()
+    assert text.startswith("ε 2.5 (publishable, pate-released")
+    assert "data-dependent ε 1.2 (private diagnostic, not publishable)" in text
+
+    seeded = RunData(run_id=2, mechanism="dpsgd", config={"reproducible_noise": True, "accountant": "pld"})
+    seeded.apply({"type": "privacy", "step": 5, "epsilon": 3.0, "accountant": "pld"})
+    dashboard._budget_text(seeded)
+    assert dashboard.budget_label.text().startswith("NO GUARANTEE (reproducible noise)  ·  ε 3 (pld")
