@@ -35,10 +35,10 @@ def test_start_is_disabled_in_the_menu_while_the_form_is_invalid(window):
 
 
 def test_a_first_start_offers_the_quick_example_ready_to_run(window):
-    # No remembered config: the form holds the quick MNIST example, valid, so Start is enabled.
+    # No remembered config: the form holds the quick example that runs here, valid, so Start is enabled.
     from engine.config import RunConfig
-    from workbench.main_window import FIRST_CONFIG
+    from workbench.first_start import first_config
 
-    example = RunConfig.load_toml(FIRST_CONFIG)
+    example = RunConfig.load_toml(first_config())
     assert window.form.valid, window.form.summary.text()
     assert window.form.config().config_hash() == example.config_hash()
