@@ -27,6 +27,7 @@ from workbench.compare import CompareView
 from workbench.dashboard import Dashboard
 from workbench.dialogs import ExportDialog, ReportDialog, describe_error
 from workbench.engine_client import EngineClient
+from workbench.first_start import first_config
 from workbench.probe import EngineProbe
 from workbench.run_data import RunData
 from workbench.runs_model import RunsModel
@@ -35,7 +36,6 @@ from workbench.setup_form import SetupForm
 
 ICON_PATH = Path(__file__).resolve().parents[1] / "resources" / "icons" / "dp-workbench.svg"
 VOTES_REFRESH_MS = 500
-FIRST_CONFIG = Path(__file__).resolve().parents[1] / "resources" / "examples" / "dpsgd-mnist-quick.toml"
 LIST_REFRESH_MS = 1500
 TOML_FILTER = "Run configs (*.toml)"
 
@@ -206,9 +206,9 @@ class MainWindow(QMainWindow):
         texts = s.json("setup/texts")
         if isinstance(texts, dict):
             self.form.set_texts(texts)
-        elif FIRST_CONFIG.is_file():  # a first start: a valid, quick real run rather than a blank form
+        elif (first := first_config()).is_file():  # a first start: a quick real run that works here
             try:
-                self.form.load_config(RunConfig.load_toml(FIRST_CONFIG))
+                self.form.load_config(RunConfig.load_toml(first))
             except DPWError:
                 pass
         tab = s.json("window/tab", 0)
