@@ -194,3 +194,26 @@ def test_example_configs_run_shortened(tmp_path, mnist_dir, example):
     run_id = store.create_run(short)
     assert execute(store, run_id, stream=open(os.devnull, "w")) == "finished"
     assert store.table_counts(run_id)["votes"] == 50
+
+
+def test_release_parameters_come_from_public_settings_unless_asked_otherwise():
+    from engine.errors import ConfigError
+    from engine.pate.run import release_parameters
+    from engine.privacy import pate_smooth
+
+    config = RunConfig(mechanism="pate", num_teachers=50, threshold=40.0, sigma1=30.0, sigma2=8.0, num_queries=450)
+    expected = pate_smooth.data_independent_parameters(mechanism="confident", num_teachers=50, num_queries=450,
+                                                       num_classes=10, delta=config.delta, threshold=40.0,
+                                                       sigma1=30.0, sigma2=8.0)
+    assert release_parameters(config, 10) == {"order": expected.order, "beta": expected.beta,
+                                              "sigma_ss": expected.sigma_ss}
+    fixed_order = release_parameters(config.replace(release_order=12.0), 10)
+    assert fixed_order["order"] == 12.0 and fixed_order["beta"] < 1 / 24
+    assert release_parameters(config.replace(release_parameters="data-dependent"), 10) == {}
+    assert release_parameters(config.replace(release_parameters="data-dependent", release_sigma=5.0), 10) == {
+        "sigma_ss": 5.0}
+    assert release_parameters(config.replace(aggregator="lnmax"), 10) == {}
+    with pytest.raises(ConfigError, match="release_beta"):
+        RunConfig(mechanism="pate", release_order=20.0, release_beta=0.03)
+    with pytest.raises(ConfigError, match="release_beta"):
+        release_parameters(config.replace(release_beta=0.4), 10)
