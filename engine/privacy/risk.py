@@ -87,7 +87,7 @@ DEFAULT_FPR: np.ndarray = _default_fpr()
 """FPR grid of the reported trade-off curve (read-only): 0, 1e-6..1 (10 per decade), 0..1 by 0.01."""
 
 _U = float(np.finfo(float).eps)
-_MAX_LOG_GAMMA = 700.0  # profile points beyond this eps are dropped (e^eps overflows; never binding)
+_MAX_LOG_GAMMA = 700.0  # the curve ignores profile points beyond this eps (e^eps overflows there)
 _WINDOW = 3  # neighbours checked around the envelope index found by search
 
 
@@ -167,10 +167,9 @@ def dpsgd_privacy_profile(
     if q == 0.0 or t == 0:
         return PrivacyProfile(epsilons=np.zeros(1), deltas=np.zeros(1))
     if sigma == 0.0:
-        return PrivacyProfile(epsilons=np.array([0.0, _MAX_LOG_GAMMA]), deltas=np.ones(2))
+        return PrivacyProfile(epsilons=np.zeros(1), deltas=np.ones(1))
     directions = [_grid_profile(_pld._compose_direction(q, sigma, t, h, add, _pld._WINDOW_TAIL)) for add in (False, True)]
     eps = np.unique(np.concatenate([grid for grid, _ in directions]))
-    eps = eps[eps <= _MAX_LOG_GAMMA]
     deltas = np.max([_interpolate_profile(grid, values, eps) for grid, values in directions], axis=0)
     return PrivacyProfile(epsilons=eps, deltas=np.minimum(deltas, 1.0))
 
@@ -254,7 +253,8 @@ def highest_tpr(*, profile: PrivacyProfile, fpr) -> np.ndarray:
     alpha = np.atleast_1d(np.asarray(fpr, dtype=float))
     if np.any(np.isnan(alpha)) or np.any(alpha < 0) or np.any(alpha > 1):
         raise ValueError("fpr must be in [0, 1] (a false-positive rate)")
-    eps, dl = profile.epsilons, profile.deltas
+    keep = profile.epsilons <= _MAX_LOG_GAMMA  # a subset of the points is still a valid bound
+    eps, dl = profile.epsilons[keep], profile.deltas[keep]
     gamma = np.exp(eps)
     # Family 1: delta_k + gamma_k alpha; family 2: 1 - (1 - delta_k)/gamma_k + alpha/gamma_k.
     first = _lower_envelope(dl[::-1], gamma[::-1], alpha)
