@@ -17,6 +17,7 @@ from typing import Any, Iterable
 import sqlite_utils
 
 from engine.errors import DPWError
+from engine.store_files import abandon, replaced, store_files
 
 SCHEMA_VERSION = 2
 STATUSES = ("queued", "running", "finished", "stopped", "failed")
@@ -157,6 +158,7 @@ class Store:
         self.db.conn.execute("PRAGMA foreign_keys = ON")
         self._seq: dict[int, int] = {}
         self.migrate()
+        self._files = store_files(self.path)  # what this connection holds (reopen_if_replaced)
 
     # ---- schema -----------------------------------------------------------------------------
     @property
@@ -178,6 +180,19 @@ class Store:
 
     def close(self) -> None:
         self.db.close()
+
+    def reopen_if_replaced(self) -> bool:
+        """Open the path again if its file was replaced, or its -wal deleted, under this connection
+        (engine.store_files); True if it did. The stale connection is abandoned, never closed."""
+        if not replaced(self._files, self.path):
+            return False
+        if not self.path.exists():
+            raise DPWError(f"{self.path} was deleted or moved while in use",
+                           hint="put the file back, or open another store with --db")
+        fresh = Store(self.path)
+        abandon(self.db.conn)
+        self.db, self._files, self._seq = fresh.db, fresh._files, {}
+        return True
 
     # ---- runs -------------------------------------------------------------------------------
     def create_run(self, config: Any) -> int:

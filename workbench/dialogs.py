@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.errors import DPWError
+from workbench.store_client import StoreClient
 
 
 def describe_error(exc: BaseException) -> str:
@@ -106,19 +107,13 @@ class ExportDialog(QDialog):
             self.folder.setText(path)
 
     def export(self) -> None:
-        from engine.store import Store
-
         kind, out = self.kind.currentData(), self.folder.text().strip()
         run_id, db = self.run["id"], self.store_path
 
         def work() -> dict[str, str]:
-            from engine.export import export_run
-
-            store = Store(db)  # a connection of this thread's own
-            try:
-                return export_run(store, run_id, out, kind=kind)
-            finally:
-                store.close()
+            # A store helper of this export's own (this process never opens the store file).
+            with StoreClient(db) as store:
+                return store.export_run(run_id, out, kind=kind)
 
         self.export_button.setEnabled(False)
         self.result_label.setText("Exporting…")
@@ -168,15 +163,10 @@ class ReportDialog(QDialog):
         self.task = start_task(self._build, self._built, self._failed)
 
     def _build(self) -> tuple[dict[str, Any], str]:
-        from engine.report import build_report, render_html
-        from engine.store import Store
-
-        store = Store(self.store_path)
-        try:
-            report = build_report(store, self.run["id"])
-        finally:
-            store.close()
-        return report, render_html(report)
+        # Built by a store helper of this dialog's own (this process never opens the store file).
+        with StoreClient(self.store_path) as store:
+            built = store.build_report(self.run["id"])
+        return built["report"], built["html"]
 
     def _built(self, result: tuple[dict[str, Any], str]) -> None:
         self.report, self.html = result

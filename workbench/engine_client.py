@@ -14,7 +14,7 @@ from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Signal
 
 from engine.errors import DPWError
 from engine.events import decode
-from engine.store import Store, now_iso
+from engine.store import now_iso
 
 STDERR_KEPT = 4000  # characters of a runner's stderr kept to explain a crash
 
@@ -35,7 +35,8 @@ class _Job:
 
 
 class EngineClient(QObject):
-    """A queue of stored runs and the runner processes that execute them.
+    """A queue of stored runs and the runner processes that execute them. `store`: the window's
+    StoreClient (or an engine Store: the same methods).
 
     Signals carry batches: `events(run_id, [event, ...])` once per chunk of stdout read, never
     once per event, so a fast run cannot flood the event loop.
@@ -47,7 +48,7 @@ class EngineClient(QObject):
     run_lost = Signal(int, str, str)  # run id, message, hint: ended without a finished event
     queue_changed = Signal()
 
-    def __init__(self, store: Store, *, max_parallel: int = 1, parent: QObject | None = None):
+    def __init__(self, store: Any, *, max_parallel: int = 1, parent: QObject | None = None):
         super().__init__(parent)
         self.store = store
         self.max_parallel = max_parallel

@@ -22,7 +22,6 @@ from PySide6.QtWidgets import (
 
 from engine.config import RunConfig
 from engine.errors import DPWError
-from engine.store import Store
 from workbench.compare import CompareView
 from workbench.dashboard import Dashboard
 from workbench.dialogs import ExportDialog, ReportDialog, describe_error
@@ -32,6 +31,7 @@ from workbench.probe import EngineProbe
 from workbench.run_data import RunData
 from workbench.runs_model import RunsModel
 from workbench.settings import Settings
+from workbench.store_client import StoreClient
 from workbench.setup_form import SetupForm
 
 ICON_PATH = Path(__file__).resolve().parents[1] / "resources" / "icons" / "dp-workbench.svg"
@@ -46,8 +46,9 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(f"DP Workbench — {db_path}")
         if ICON_PATH.is_file():
             self.setWindowIcon(QIcon(str(ICON_PATH)))
-        self.store = Store(db_path)
-        self.store.reconcile_orphans()
+        # The store is opened by a helper process, never by this one (workbench.store_client says
+        # why); it starts while the widgets are built.
+        self.store = StoreClient(db_path, on_notice=self._store_notice)
         self.settings = Settings()
         self.client = EngineClient(self.store, parent=self)
         self.client.events.connect(self._on_events)
@@ -63,6 +64,7 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self._build_status_bar()
         self.restore_settings()
+        self.store.wait_ready()
         self.refresh_runs()
         self._update_run_actions()
 
@@ -235,7 +237,12 @@ class MainWindow(QMainWindow):
         if self.probe.process.state() != self.probe.process.ProcessState.NotRunning:
             self.probe.process.kill()
             self.probe.process.waitForFinished(1000)
+        self.store.close()
         super().closeEvent(event)
+
+    def _store_notice(self, text: str) -> None:
+        """The store helper was restarted, or the store file was replaced and opened again."""
+        self.statusBar().showMessage(text, 15000)
 
     # ---- engine probe --------------------------------------------------------------------------
     def _on_probe(self, result: dict[str, Any]) -> None:
@@ -425,14 +432,12 @@ class MainWindow(QMainWindow):
                 "it spent on its data was spent all the same.")
             if answer != QMessageBox.StandardButton.Yes:
                 return []
-        from engine.runner import remove_run
-
         deleted = []
         for run_id in ids:
             if run_id in self.client.queue:
                 self.client.stop(run_id)
             try:
-                remove_run(self.store, run_id)
+                self.store.remove_run(run_id)
             except Exception as exc:
                 QMessageBox.warning(self, "Cannot delete the run", describe_error(exc))
                 break

@@ -187,17 +187,20 @@ class RunData:
     # ---- from the store ------------------------------------------------------------------------
     @classmethod
     def from_store(cls, store: Any, run_id: int) -> "RunData":
-        """Replay a stored run: curves from its metric/privacy rows, the rest from its events."""
-        row = store.get_run(run_id)
+        """Replay a stored run: curves from its metric/privacy rows, the rest from its events.
+        `store`: the window's StoreClient (one round trip), or an engine Store."""
+        if hasattr(store, "replay"):
+            stored = store.replay(run_id)
+        else:
+            from engine.store_service import replay
+
+            stored = replay(store, run_id)
+        row = stored["run"]
         data = cls(run_id=run_id, name=row["name"], mechanism=row["mechanism"], status=row["status"],
                    config=row.get("config") or {})
-        cur = store.db.conn.execute(
-            "select name, step, value from metrics where run_id = ? order by name, step, rowid", [run_id])
-        _fill(data.metrics, cur.fetchall())
-        cur = store.db.conn.execute(
-            "select accountant, step, epsilon from privacy where run_id = ? order by accountant, step, rowid", [run_id])
-        _fill(data.privacy, cur.fetchall())
-        for event in store.events(run_id, exclude=("metric", "privacy", "started")):
+        _fill(data.metrics, stored["metrics"])
+        _fill(data.privacy, stored["privacy"])
+        for event in stored["events"]:
             data.apply(event, live=False)
         data.status = row["status"]
         if row["status"] in ("finished", "stopped", "failed"):

@@ -1,0 +1,55 @@
+"""Which files a store connection holds, to notice a store replaced (or its -wal deleted) under it.
+
+A connection keeps the inode it opened. If the file at the path is replaced (a backup copied over
+it, `mv`), or its `-wal` is deleted because another process believed it was the last user (the
+process had lost its POSIX locks: sqlite.org, "How To Corrupt An SQLite Database File", 2.2), the
+connection goes on reading and writing files nobody else sees.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+FileId = tuple[int, int]  # (device, inode)
+
+
+class StoreFiles(NamedTuple):
+    db: FileId | None
+    wal: FileId | None
+
+
+def _file_id(path: Path) -> FileId | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def store_files(path: Path) -> StoreFiles:
+    """The store file and its write-ahead log as they are on disk now."""
+    return StoreFiles(_file_id(path), _file_id(Path(f"{path}-wal")))
+
+
+def replaced(opened: StoreFiles, path: Path) -> bool:
+    """True when the files at `path` are no longer those a connection opened as `opened`: another
+    file at the path, or the -wal it had (if it had one) gone or replaced."""
+    now = store_files(path)
+    return now.db != opened.db or (opened.wal is not None and now.wal != opened.wal)
+
+
+_ABANDONED: list[Any] = []
+
+
+def abandon(connection: Any) -> None:
+    """Keep a stale connection open for the rest of the process, never closing it.
+
+    Closing the last connection to a WAL database checkpoints and then deletes `DB-wal` and
+    `DB-shm` *by name*: for a stale connection those names now belong to the new store, whose
+    log would be deleted under its users. The extra reference keeps interpreter shutdown from
+    closing it too (CPython)."""
+    _ABANDONED.append(connection)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(connection))

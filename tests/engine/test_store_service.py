@@ -1,0 +1,128 @@
+"""The store helper process (engine.store_service) and a store replaced under a live connection."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.config import RunConfig
+from engine.errors import DPWError
+from engine.store import Store
+from workbench.store_client import StoreClient
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def config(name: str) -> RunConfig:
+    return RunConfig(name=name, dataset="digits", mechanism="dpsgd", noise_multiplier=1.0)
+
+
+def make_store(path: Path, *names: str) -> None:
+    store = Store(path)
+    for name in names:
+        store.create_run(config(name))
+    store.close()
+
+
+def create_elsewhere(path: Path, name: str) -> int:
+    """Create a run from another process (as `dpw run` would) and close the store there."""
+    code = ("import sys; from engine.store import Store; from engine.config import RunConfig; "
+            "s = Store(sys.argv[1]); print(s.create_run(RunConfig(name=sys.argv[2], dataset='digits', "
+            "mechanism='dpsgd', noise_multiplier=1.0))); s.close()")
+    out = subprocess.run([sys.executable, "-c", code, str(path), name], capture_output=True, text=True, cwd=REPO,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.split()[-1])
+
+
+def integrity(path: Path) -> str:
+    return sqlite3.connect(path).execute("pragma integrity_check").fetchone()[0]
+
+
+def names(rows: list[dict]) -> list[str]:
+    return [r["name"] for r in rows]
+
+
+def test_the_helper_answers_like_the_store(tmp_path):
+    db = tmp_path / "runs.sqlite"
+    make_store(db, "a")
+    with StoreClient(db) as client:
+        run_id = client.create_run(config("b"))
+        client.update_run(run_id, status="failed", error="x")
+        assert names(client.list_runs()) == ["a", "b"]
+        assert client.get_run(run_id)["status"] == "failed"
+        assert client.find_run("b")["id"] == run_id
+        assert client.replay(run_id)["run"]["config"]["noise_multiplier"] == 1.0
+        with pytest.raises(DPWError, match="no run with id 99"):
+            client.get_run(99)
+        client.remove_run(run_id)
+        assert names(client.list_runs()) == ["a"]
+    assert integrity(db) == "ok"
+
+
+def test_an_unreadable_store_is_one_clear_error(tmp_path):
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not a database\n" * 100)
+    with pytest.raises(DPWError, match="notes.txt"):
+        StoreClient(bad).wait_ready()
+
+
+def test_a_killed_helper_is_started_again_and_nothing_is_written_twice(tmp_path):
+    db = tmp_path / "runs.sqlite"
+    make_store(db, "a")
+    notices: list[str] = []
+    with StoreClient(db, on_notice=notices.append) as client:
+        assert names(client.list_runs()) == ["a"]
+        first = client.helper_pid
+        os.kill(first, signal.SIGKILL)
+        assert names(client.list_runs()) == ["a"]  # a read is asked again
+        assert client.helper_pid != first and client.restarts == 1
+        assert any("started it again" in n for n in notices)
+        os.kill(client.helper_pid, signal.SIGKILL)
+        client._process.wait()
+        client.create_run(config("b"))  # never reached the dead helper: asked once, of the new one
+        assert names(client.list_runs()) == ["a", "b"]
+        assert client.restarts == 2
+
+
+def test_a_store_replaced_on_disk_is_opened_again(tmp_path):
+    db, other = tmp_path / "runs.sqlite", tmp_path / "backup.sqlite"
+    make_store(db, "old")
+    make_store(other, "restored-1", "restored-2")
+    notices: list[str] = []
+    with StoreClient(db, on_notice=notices.append) as client:
+        assert names(client.list_runs()) == ["old"]
+        os.replace(other, db)  # a backup copied over the store while the window is open
+        assert names(client.list_runs()) == ["restored-1", "restored-2"]
+        assert any("replaced" in n for n in notices)
+        created = create_elsewhere(db, "after")
+        assert client.get_run(created)["name"] == "after"
+        client.update_run(created, status="failed", error="marked by the window")
+    # the abandoned connection to the old file deleted nothing of the new one
+    assert integrity(db) == "ok"
+    rows = sqlite3.connect(db).execute("select name, status from runs order by id").fetchall()
+    assert rows == [("restored-1", "queued"), ("restored-2", "queued"), ("after", "failed")]
+
+
+def test_a_wal_deleted_under_a_connection_is_noticed_and_reopened(tmp_path):
+    """The split itself: this process drops its locks (any descriptor of the file closed), another
+    process believes it is the last user and deletes -wal/-shm; the connection notices and reopens."""
+    db = tmp_path / "runs.sqlite"
+    store = Store(db)
+    store.create_run(config("mine"))
+    assert not store.reopen_if_replaced()
+    os.close(os.open(db, os.O_RDONLY))  # what Qt's file dialog does to the store it lists
+    created = create_elsewhere(db, "theirs")
+    assert not Path(f"{db}-wal").exists() or Path(f"{db}-wal").stat().st_ino != store._files.wal[1]
+    assert store.reopen_if_replaced()
+    assert store.get_run(created)["name"] == "theirs"
+    store.update_run(created, status="failed", error="seen by the reopened connection")
+    store.close()
+    assert integrity(db) == "ok"
+    assert sqlite3.connect(db).execute("select status from runs where id = ?", [created]).fetchone() == ("failed",)

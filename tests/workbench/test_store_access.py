@@ -1,0 +1,141 @@
+"""The window and the store stay one: a real file dialog over the store's folder while runners write.
+
+Qt's file dialog opens the files it lists (to sniff their type). POSIX advisory locks belong to a
+process and die when any descriptor of the file in that process is closed (sqlite.org, "How To
+Corrupt An SQLite Database File", 2.2), so a window holding its own SQLite connection lost its
+locks, the next `dpw` deleted `-wal`/`-shm` under it, and the window split from the store.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QApplication, QFileDialog
+
+from workbench.main_window import MainWindow
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT_MS = 180_000
+DIALOG_OPEN_MS = 2000  # long enough for the dialog's file model to list (and sniff) the folder
+
+
+def dpw(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True, cwd=REPO,
+                         timeout=300)
+    if check:
+        assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
+def digits_config(folder: Path, name: str, epochs: int = 1) -> Path:
+    path = folder / f"{name}.toml"
+    path.write_text(textwrap.dedent(f"""\
+        name = "{name}"
+        dataset = "digits"
+        model = "auto"
+        mechanism = "dpsgd"
+        noise_multiplier = 1.0
+        clipping_norm = 1.0
+        delta = 1e-4
+        expected_batch_size = 64
+        epochs = {epochs}
+        learning_rate = 0.5
+        evaluations_per_epoch = 1
+        seed = 0
+        """), encoding="utf-8")
+    return path
+
+
+def runs_seen_by_another_process(db: Path) -> dict[int, tuple[str, str]]:
+    """Id -> (name, status) as a fresh process reads the file (never this process: see the module doc)."""
+    code = ("import json, sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+            "print(json.dumps(c.execute('select id, name, status from runs order by id').fetchall()))")
+    out = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    import json
+
+    return {row[0]: (row[1], row[2]) for row in json.loads(out.stdout)}
+
+
+def integrity(db: Path) -> str:
+    code = "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute('pragma integrity_check').fetchone()[0])"
+    out = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True, timeout=60)
+    return (out.stdout.strip() or out.stderr.strip().splitlines()[-1])
+
+
+def open_config_over(window: MainWindow, folder: Path) -> list:
+    """File > Open config… starting in `folder`; the real dialog lists the folder, then is cancelled."""
+    window.settings.set_text("setup/folder", str(folder))
+    shown: list = []
+
+    def cancel() -> None:
+        dialog = QApplication.activeModalWidget()
+        if isinstance(dialog, QFileDialog):
+            shown.append(Path(dialog.directory().absolutePath()))
+        if dialog is not None:
+            dialog.reject()
+
+    QTimer.singleShot(DIALOG_OPEN_MS, cancel)
+    assert window.open_config() is False
+    assert shown == [folder], "the Open config dialog did not list the store's folder"
+    return shown
+
+
+def start_from_window(window: MainWindow, name: str) -> int:
+    for field, value in dict(name=name, dataset="digits", model="auto", mechanism="dpsgd", noise_multiplier=1.0,
+                             target_epsilon="", expected_batch_size=64, epochs=1, learning_rate=0.5, delta=1e-4,
+                             evaluations_per_epoch=1).items():
+        window.form.set_value(field, str(value))
+    assert window.form.start_button.isEnabled(), window.form.summary.text()
+    before = set(window.run_data)
+    window.act_start.trigger()
+    (run_id,) = set(window.run_data) - before
+    return run_id
+
+
+def window_ids(window: MainWindow) -> dict[int, str]:
+    window.refresh_runs()
+    return {row["id"]: row["name"] for row in window.runs_model.rows}
+
+
+def test_a_file_dialog_over_the_store_folder_never_splits_the_window_from_the_store(window, qtbot, db_path, tmp_path):
+    folder = db_path.parent
+    assert folder == tmp_path
+    # A CLI run writes while the dialog lists the folder.
+    cli_run = subprocess.Popen([sys.executable, "-m", "engine.cli", "run", str(digits_config(folder, "cli-1", 3)),
+                                "--db", str(db_path)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        qtbot.waitUntil(lambda: 1 in window_ids(window), timeout=60_000)
+        open_config_over(window, folder)
+        dpw("list", "--db", str(db_path))  # a process that opens and closes the store
+
+        first = start_from_window(window, "window-1")
+        qtbot.waitUntil(lambda: window.run_data[first].finished, timeout=RUN_TIMEOUT_MS)
+        assert window.run_data[first].status == "finished", [m.text for m in window.run_data[first].messages]
+        assert cli_run.wait(timeout=300) == 0, cli_run.stderr.read().decode()[-2000:]
+    finally:
+        if cli_run.poll() is None:
+            cli_run.kill()
+            cli_run.wait()
+
+    # Again, with the window's own run writing while the dialog lists the folder.
+    second = start_from_window(window, "window-2")
+    open_config_over(window, folder)
+    qtbot.waitUntil(lambda: window.run_data[second].finished, timeout=RUN_TIMEOUT_MS)
+    assert window.run_data[second].status == "finished", [m.text for m in window.run_data[second].messages]
+    dpw("run", str(digits_config(folder, "cli-2")), "--db", str(db_path))
+
+    # The window and any other process see the same runs under the same ids.
+    elsewhere = runs_seen_by_another_process(db_path)
+    assert window_ids(window) == {run_id: name for run_id, (name, _) in elsewhere.items()}
+    assert sorted(name for name, _ in elsewhere.values()) == ["cli-1", "cli-2", "window-1", "window-2"]
+    assert {status for _, status in elsewhere.values()} == {"finished"}
+
+    window.close()  # quitting leaves the store intact
+    assert integrity(db_path) == "ok"
+    assert runs_seen_by_another_process(db_path) == elsewhere
