@@ -76,8 +76,10 @@ ACCOUNTANT_DATA_INDEPENDENT = "pate-di"
 def _default_orders() -> np.ndarray:
     orders = np.concatenate(
         [
-            np.arange(5, 8) / 4.0,  # 1.25, 1.5, 1.75: large epsilons
-            np.arange(4, 201) / 2.0,  # 2 .. 100 in steps of 0.5, as the authors' analysis
+            np.array([1.01, 1.02, 1.03, 1.04]),  # large epsilons (many answered queries)
+            np.arange(21, 40) / 20.0,  # 1.05 .. 1.95 in steps of 0.05
+            np.arange(20, 100) / 10.0,  # 2 .. 9.9 in steps of 0.1
+            np.arange(20, 201) / 2.0,  # 10 .. 100 in steps of 0.5, as the authors' analysis
             np.geomspace(100.0, 1000.0, 41)[1:],  # up to 1000: very small data-dependent costs
         ]
     )
@@ -86,9 +88,11 @@ def _default_orders() -> np.ndarray:
 
 
 PATE_ORDERS: np.ndarray = _default_orders()
-"""RDP orders used when none are given (read-only, 240 orders): 1.25, 1.5, 1.75, then 2 to 100 in
-steps of 0.5, then 40 log-spaced orders up to 1000. Data-dependent PATE costs are often smallest at
-high orders, hence the long tail."""
+"""RDP orders used when none are given (read-only, 324 orders): 1.01 to 1.04, 1.05 to 1.95 in steps
+of 0.05, 2 to 9.9 in steps of 0.1, 10 to 100 in steps of 0.5, then 40 log-spaced orders up to 1000.
+Data-dependent PATE costs are often smallest at high orders, hence the long tail; the fine start
+keeps large data-independent epsilons within ~0.3% of the best order (the old grid, starting at
+1.25 with steps of 0.25 and 0.5, was up to a few percent looser)."""
 
 
 # ------------------------------------------------------------------------------------------------

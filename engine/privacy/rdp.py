@@ -37,7 +37,9 @@ def _default_orders() -> np.ndarray:
         [
             np.arange(11, 110) / 10.0,  # 1.1, 1.2, ..., 10.9: fractional orders matter for eps >~ 2
             np.arange(11, 65, dtype=float),  # 11 .. 64: small epsilons / many steps
-            np.array([80.0, 96.0, 128.0, 256.0, 512.0, 1024.0]),  # very small epsilons
+            # 65 .. 4096, integers about 2% apart: very small epsilons. The RDP epsilon of the subsampled
+            # Gaussian has a sharp minimum over the order there, so the loss is about the spacing.
+            np.unique(np.round(np.geomspace(64.0, 4096.0, 211)[1:])),
         ]
     )
     orders.flags.writeable = False
@@ -46,8 +48,9 @@ def _default_orders() -> np.ndarray:
 
 DEFAULT_ORDERS: np.ndarray = _default_orders()
 """RDP orders used when none are given (read-only): 1.1 to 10.9 in steps of 0.1, every integer
-11..64, then 80, 96, 128, 256, 512, 1024 (159 orders); the conversion takes the best of them.
-A step of 0.1 keeps the grid's own loss in epsilon below ~0.05% in the DP-SGD range."""
+11..64, then integers about 2% apart up to 4096 (363 orders); the conversion takes the best of them.
+The grid's own loss in epsilon against the best order is below ~2% for epsilons down to ~0.003
+(the old grid, ending 512, 1024, was up to 1.9x looser below epsilon 0.07)."""
 
 # Fractional series: stop once the first omitted term is below this fraction of the partial
 # sum, or below 1e-10 of (partial sum - 1) (the omitted tail is then *added* as a bound, so
@@ -164,29 +167,22 @@ def _log_a_integer(q: float, sigma: float, alphas: np.ndarray) -> np.ndarray:
     of positive terms, so log A_alpha = log1p(A_alpha - 1) keeps full relative precision even
     when the RDP is tiny (small q, large sigma). Vectorised over orders (rows) and k (columns).
     """
+    top = int(alphas.max())
+    log_factorial = special.gammaln(np.arange(top + 1, dtype=float) + 1.0)  # log(m!) for m = 0..top
     a = alphas[:, None]
-    k = np.arange(2, int(alphas.max()) + 1, dtype=float)[None, :]
+    k = np.arange(2, top + 1, dtype=float)[None, :]
     valid = k <= a
-    kk = np.where(valid, k, 0.0)
-    log_weight = (
-        special.gammaln(a + 1.0)
-        - special.gammaln(kk + 1.0)
-        - special.gammaln(np.where(valid, a - kk, 0.0) + 1.0)
-        + (a - kk) * math.log1p(-q)
-        + kk * math.log(q)
-    )
+    # Integer orders: C(alpha, k) from a table of log-factorials (a gather instead of gammaln calls).
+    log_fact_a = log_factorial[alphas.astype(np.int64)][:, None]
+    log_fact_k = log_factorial[2:][None, :]
+    log_fact_rest = log_factorial[np.where(valid, a - k, 0.0).astype(np.int64)]
+    rest_part = (a - k) * math.log1p(-q)
+    k_part = k * math.log(q)
     log_growth = _log_expm1((k * k - k) / (2.0 * sigma**2))
-    log_terms = np.where(valid, log_weight + log_growth, -np.inf)
+    log_terms = np.where(valid, log_fact_a - log_fact_k - log_fact_rest + rest_part + k_part + log_growth, -np.inf)
     # Round-off allowance: each log-term is a sum of parts computed to a few ulps each, so its
     # absolute error is at most _ROUNDOFF * (sum of |parts|); grow A - 1 by the largest one.
-    parts = (
-        abs(special.gammaln(a + 1.0))
-        + np.abs(special.gammaln(kk + 1.0))
-        + np.abs(special.gammaln(np.where(valid, a - kk, 0.0) + 1.0))
-        + np.abs((a - kk) * math.log1p(-q))
-        + np.abs(kk * math.log(q))
-        + np.abs(log_growth)
-    )
+    parts = np.abs(log_fact_a) + log_fact_k + log_fact_rest + np.abs(rest_part) + np.abs(k_part) + np.abs(log_growth)
     slack = _ROUNDOFF * (1.0 + np.max(np.where(valid, parts, 0.0), axis=1))
     log_a_minus_1 = special.logsumexp(log_terms, axis=1) + slack
     return np.logaddexp(0.0, log_a_minus_1)

@@ -332,3 +332,23 @@ def test_epsilon_if_all_answered_gnmax_closed_form():
         pytest.approx(expected, rel=1e-12)
     with pytest.raises(ValueError, match="sigma2 is needed"):
         pate.epsilon_if_all_answered(mechanism="confident", num_queries=3, sigma1=1.0, delta=1e-5)
+
+
+@pytest.mark.parametrize("num_queries,sigma,delta", [(9000, 10.0, 1e-5), (1000, 12.0, 1e-5), (2000, 40.0, 1e-5),
+                                                     (50, 100.0, 1e-8)])
+def test_default_orders_are_tight_for_the_data_independent_epsilon(num_queries, sigma, delta, closed_forms):
+    """GNMax answering every query is the Gaussian mechanism (sensitivity sqrt(2), noise sigma) composed
+    num_queries times: dp-accounting's RDP accountant at orders 0.1% apart from 1.001 to 1000 gives the
+    best-order epsilon (ours within 0.5% of it, never below), and the exact Gaussian epsilon (Balle &
+    Wang 2018) with sigma / sqrt(2 num_queries) is a lower bound. Large epsilons put the best order
+    below 1.25, where the grid used to start."""
+    accountant_module = pytest.importorskip("dp_accounting.rdp.rdp_privacy_accountant")
+    dp_accounting = pytest.importorskip("dp_accounting")
+    ours = pate.epsilon_if_all_answered(mechanism="gnmax", num_queries=num_queries, sigma=sigma, delta=delta)
+    fine = np.concatenate([1.0 + np.geomspace(0.0105, 1.0, 2000)[:-1], np.geomspace(2.0, 1000.0, 6000)])
+    reference = accountant_module.RdpAccountant(orders=list(fine))
+    reference.compose(dp_accounting.GaussianDpEvent(sigma / math.sqrt(2.0)), num_queries)
+    best_order_epsilon = reference.get_epsilon(delta)
+    assert ours >= best_order_epsilon * (1 - 1e-9)
+    assert ours <= best_order_epsilon * 1.004  # the grid that started at 1.25 gave 1.0254 and 1.013 (first two)
+    assert ours >= closed_forms.gaussian_epsilon(delta, sigma / math.sqrt(2.0 * num_queries))
