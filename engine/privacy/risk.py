@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -322,10 +323,9 @@ def posterior_bound(*, profile: PrivacyProfile, prior: float, delta: float) -> f
 
 
 def _probability(name: str, value: float) -> float:
-    x = _validate.positive(name, value) if value != 0 else 0.0
-    if not 0.0 <= x <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1] (a probability); got {value!r}")
-    return x
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) <= 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1] (a probability); got {value!r}")
+    return float(value)
 
 
 def epsilon_from_profile(*, profile: PrivacyProfile, delta: float) -> float:
