@@ -251,7 +251,7 @@ def highest_tpr(*, profile: PrivacyProfile, fpr) -> np.ndarray:
     Prop. 2.5/2.12], clipped to [alpha, 1] (TPR = FPR is always achievable by guessing). The
     minimum is found on the lower envelope of these lines; any profile point gives a valid bound.
     """
-    alpha = np.atleast_1d(np.asarray(fpr, dtype=float))
+    alpha = np.asarray(fpr, dtype=float).ravel()
     if np.any(np.isnan(alpha)) or np.any(alpha < 0) or np.any(alpha > 1):
         raise ValueError("fpr must be in [0, 1] (a false-positive rate)")
     keep = profile.epsilons <= _MAX_LOG_GAMMA  # a subset of the points is still a valid bound
@@ -263,7 +263,7 @@ def highest_tpr(*, profile: PrivacyProfile, fpr) -> np.ndarray:
     tpr = np.minimum(np.minimum(first, second), 1.0)
     # Round the result up by a few ulps (products and sums above), then TPR >= FPR.
     tpr = np.minimum(tpr + 8.0 * _U * (1.0 + tpr), 1.0)
-    return np.maximum(tpr, alpha)
+    return np.maximum(tpr, alpha).reshape(np.shape(fpr))
 
 
 def _lower_envelope(intercepts: np.ndarray, slopes: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -318,7 +318,8 @@ def posterior_bound(*, profile: PrivacyProfile, prior: float, delta: float) -> f
     if math.isinf(bound):
         return 1.0
     log_odds = math.log(p) - math.log1p(-p) + bound
-    post = 1.0 / (1.0 + math.exp(-log_odds)) if log_odds > -700.0 else 0.0
+    # logistic(x) <= e^x: used where e^-x would overflow, so the bound is never rounded down to 0.
+    post = 1.0 / (1.0 + math.exp(-log_odds)) if log_odds > -700.0 else math.exp(log_odds)
     return min(1.0, post * (1.0 + 4.0 * _U))
 
 
