@@ -1,4 +1,5 @@
-"""`dpw`: one-line errors, JSON outputs, fast privacy commands, and the README's commands exist."""
+"""`dpw`: one-line errors, JSON outputs, fast privacy and registry commands, checks before a run is stored
+(the README's commands: tests/test_readme.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import click
 import pytest
 from click.testing import CliRunner
 
@@ -122,24 +122,6 @@ def test_run_list_and_show_on_a_tiny_real_run(tmp_path):
     assert json.loads(dpw("list", "--db", db, "--json").stdout) == [] and not artifacts.exists()
 
 
-def test_readme_commands_name_existing_commands_and_options():
-    """Every `dpw ...` line in the README names a real command and real options."""
-    text = (REPO / "README.md").read_text()
-    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
-    lines = [l.split("#")[0].strip() for b in blocks for l in b.splitlines() if l.strip().startswith("dpw ")]
-    assert lines, "the README shows no dpw command"
-    for line in lines:
-        words = line.split()[1:]
-        command = cli
-        while isinstance(command, click.Group):
-            assert words and words[0] in command.commands, f"unknown command in README: {line}"
-            command = command.commands[words.pop(0)]
-        options = {o for p in command.params for o in getattr(p, "opts", [])}
-        for word in words:
-            if word.startswith("--"):
-                assert word in options, f"README uses unknown option {word} in: {line}"
-
-
 def test_engine_never_imports_qt():
     code = (
         "import sys, pkgutil, importlib, engine\n"
@@ -217,3 +199,11 @@ def test_download_flag_tries_to_fetch_mnist_and_offline_says_where_to_put_the_fi
     assert last.startswith(f"error: mnist: download into {folder} failed (URLError")
     assert all(name in last for name in MNIST_FILE_NAMES) and f"in {folder}" in last
     assert stored_runs(db) == []
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"]])
+def test_help_shows_the_quick_start_and_no_developer_folder(args):
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0
+    assert "dpw run resources/examples/quickstart.toml" in result.output
+    assert "../shared" not in result.output
