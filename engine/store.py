@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import sqlite_utils
 
 from engine.errors import DPWError
-from engine.store_files import abandon, replaced, store_files
+from engine.store_files import abandon, empty_old_wal, replaced, store_files
 
 SCHEMA_VERSION = 2
 STATUSES = ("queued", "running", "finished", "stopped", "failed")
@@ -189,6 +189,10 @@ class Store:
         if not self.path.exists():
             raise DPWError(f"{self.path} was deleted or moved while in use",
                            hint="put the file back, or open another store with --db")
+        if not empty_old_wal(self._files, self.db.conn, self.path):
+            raise DPWError(f"{self.path} was replaced while {self.path.name}-wal still holds the old file's "
+                           "changes, in use by another process",
+                           hint="stop the dpw commands and runs using the old file, then refresh")
         fresh = Store(self.path)
         abandon(self.db.conn)
         self.db, self._files, self._seq = fresh.db, fresh._files, {}

@@ -41,6 +41,21 @@ def replaced(opened: StoreFiles, path: Path) -> bool:
     return now.db != opened.db or (opened.wal is not None and now.wal != opened.wal)
 
 
+def empty_old_wal(opened: StoreFiles, connection: Any, path: Path) -> bool:
+    """After another file was put at `path`, the `DB-wal` beside it may still be the old file's: a
+    connection opening the new file would read the old file's pages from it as the new one's. Move
+    those changes into the old file and empty the log (checkpoint TRUNCATE through the old
+    connection). False if the old log is still at `path` and could not be emptied (another process
+    still uses the old file)."""
+    if store_files(path).db == opened.db:
+        return True  # the same file: only its -wal was deleted, nothing of the old log at the path
+    busy = connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+    now = store_files(path)
+    if now.wal is None or now.wal != opened.wal:
+        return True
+    return not busy and Path(f"{path}-wal").stat().st_size == 0
+
+
 _ABANDONED: list[Any] = []
 
 

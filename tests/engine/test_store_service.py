@@ -7,6 +7,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,15 @@ def create_elsewhere(path: Path, name: str) -> int:
                          timeout=60)
     assert out.returncode == 0, out.stderr
     return int(out.stdout.split()[-1])
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an exited process whose parent is gone may wait to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def integrity(path: Path) -> str:
@@ -98,6 +108,7 @@ def test_a_store_replaced_on_disk_is_opened_again(tmp_path):
     notices: list[str] = []
     with StoreClient(db, on_notice=notices.append) as client:
         assert names(client.list_runs()) == ["old"]
+        client.update_run(1, status="failed", error="written to the old file's -wal")
         os.replace(other, db)  # a backup copied over the store while the window is open
         assert names(client.list_runs()) == ["restored-1", "restored-2"]
         assert any("replaced" in n for n in notices)
@@ -126,3 +137,21 @@ def test_a_wal_deleted_under_a_connection_is_noticed_and_reopened(tmp_path):
     store.close()
     assert integrity(db) == "ok"
     assert sqlite3.connect(db).execute("select status from runs where id = ?", [created]).fetchone() == ("failed",)
+
+
+def test_the_helper_ends_with_its_window_even_a_killed_one(tmp_path):
+    """No orphan: a window killed with -9 closes the helper's input, and the helper ends."""
+    db = tmp_path / "runs.sqlite"
+    code = ("import sys, time; from workbench.store_client import StoreClient; c = StoreClient(sys.argv[1]); "
+            "c.wait_ready(); print(c.helper_pid, flush=True); time.sleep(120)")
+    window = subprocess.Popen([sys.executable, "-c", code, str(db)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    helper = int(window.stdout.readline())
+    window.kill()
+    window.wait()
+    for _ in range(200):  # up to 20 s
+        if not running(helper):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the store helper outlived its window")
+    assert integrity(db) == "ok"

@@ -8,12 +8,14 @@ locks, the next `dpw` deleted `-wal`/`-shm` under it, and the window split from 
 
 from __future__ import annotations
 
-import sqlite3
+import os
+import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication, QFileDialog
 
@@ -139,3 +141,96 @@ def test_a_file_dialog_over_the_store_folder_never_splits_the_window_from_the_st
     window.close()  # quitting leaves the store intact
     assert integrity(db_path) == "ok"
     assert runs_seen_by_another_process(db_path) == elsewhere
+
+
+_STORE_CONNECTS: list[str] = []
+
+
+def _record_sqlite_connects(event: str, args: tuple) -> None:
+    if event == "sqlite3.connect":
+        _STORE_CONNECTS.append(str(args[0]))
+
+
+sys.addaudithook(_record_sqlite_connects)  # once per process; it only records
+
+
+def finished_run(window: MainWindow, name: str) -> int:
+    from engine.config import RunConfig
+
+    run_id = window.store.create_run(RunConfig(name=name, dataset="digits", mechanism="dpsgd", noise_multiplier=1.0))
+    window.store.update_run(run_id, status="finished", steps_done=0)
+    window.refresh_runs()
+    return run_id
+
+
+def store_descriptors(db: Path) -> list[str]:
+    """This process's open descriptors on the store's files (Linux /proc)."""
+    names = {str(db), f"{db}-wal", f"{db}-shm"}
+    found = []
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.removesuffix(" (deleted)") in names:
+            found.append(target)
+    return found
+
+
+def test_the_window_process_never_opens_the_store_file(window, qtbot, db_path):
+    before = len(_STORE_CONNECTS)
+    run_id = finished_run(window, "looked-at")
+    window.select_run(run_id)
+    window.tabs.setCurrentWidget(window.votes)
+    report = window.report_run()
+    qtbot.waitUntil(lambda: report.report is not None or report.browser.toPlainText().startswith("No report"),
+                    timeout=60_000)
+    export = window.export_run()
+    export.export()
+    qtbot.waitUntil(lambda: export.outcome is not None, timeout=120_000)
+    assert export.outcome == "error"  # nothing saved to export: said, not crashed
+    assert "looked-at" in [row["name"] for row in window.runs_model.rows]
+    connects = [c for c in _STORE_CONNECTS[before:] if Path(c).name.startswith(db_path.name)]
+    assert connects == [], "the window's process opened the store itself"
+    assert store_descriptors(db_path) == []
+
+
+def test_a_killed_store_helper_is_started_again_and_the_status_bar_says_so(window, qtbot, db_path):
+    run_id = finished_run(window, "survives")
+    first = window.store.helper_pid
+    os.kill(first, signal.SIGKILL)
+    window.refresh_runs()
+    assert window.store.helper_pid != first
+    assert run_id in [row["id"] for row in window.runs_model.rows]
+    assert "started it again" in window.statusBar().currentMessage()
+    window.store.update_run(run_id, name="renamed")  # writes go through the new helper
+    window.refresh_runs()
+    assert [row["name"] for row in window.runs_model.rows] == ["renamed"]
+
+
+def test_a_store_that_is_not_a_store_is_one_message_not_a_traceback(tmp_path, qtbot):
+    from engine.errors import DPWError
+    from workbench.app import create_app
+
+    create_app()
+    text = tmp_path / "notes.txt"
+    text.write_text("hello\n" * 200)
+    with pytest.raises(DPWError, match="notes.txt"):
+        MainWindow(text, probe=False)
+    assert text.read_text() == "hello\n" * 200
+
+
+def test_a_store_replaced_under_the_window_is_opened_again_and_said(window, qtbot, db_path, tmp_path):
+    finished_run(window, "before")
+    backup = tmp_path / "backup" / "runs.sqlite"
+    backup.parent.mkdir()
+    code = ("import sys; from engine.store import Store; from engine.config import RunConfig; s = Store(sys.argv[1]); "
+            "[s.create_run(RunConfig(name=n, dataset='digits', mechanism='dpsgd', noise_multiplier=1.0)) "
+            "for n in ('restored-1', 'restored-2')]; s.close()")
+    subprocess.run([sys.executable, "-c", code, str(backup)], check=True, cwd=REPO, timeout=60)
+    os.replace(backup, db_path)  # a backup copied over the store while the window is open
+    assert sorted(window_ids(window).values()) == ["restored-1", "restored-2"]
+    assert "replaced" in window.statusBar().currentMessage()
+    window.close()
+    assert integrity(db_path) == "ok"
+    assert sorted(name for name, _ in runs_seen_by_another_process(db_path).values()) == ["restored-1", "restored-2"]
