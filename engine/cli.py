@@ -6,9 +6,11 @@ Heavy imports (torch) happen only inside the commands that train; `dpw privacy .
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 
 import click
 
-from engine.errors import DPWError
+from engine.errors import DPWError, explain
 
 
 class UserError(click.ClickException):
@@ -30,14 +32,24 @@ def fail(exc: DPWError) -> UserError:
     return UserError(exc.message + (f" — {exc.hint}" if exc.hint else ""))
 
 
+STORE_PATH = "dpw.store_path"  # ctx.meta key: the store a command opened, for its error messages
+
+
 class DPWGroup(click.Group):
-    """Turns DPWError (and bad numbers) from any command into a one-line message."""
+    """Turns DPWError (and bad numbers) from any command into a one-line message, and so the user's
+    situation met as an OSError or SQLite error (full disk, damaged or locked store, a path under a
+    file); anything else is a bug and keeps its traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except DPWError as exc:
             raise fail(exc) from None
+        except (OSError, sqlite3.Error) as exc:
+            message, hint, is_bug = explain(exc, store_path=ctx.meta.get(STORE_PATH))
+            if is_bug:
+                raise
+            raise UserError(message + (f" — {hint}" if hint else "")) from None
 
 
 db_option = click.option(
@@ -52,7 +64,11 @@ db_option = click.option(
 def open_store(db: Path | None):
     from engine.store import Store, default_db_path
 
-    return Store(db or default_db_path())
+    path = db or default_db_path()
+    context = click.get_current_context(silent=True)
+    if context is not None:
+        context.meta[STORE_PATH] = path
+    return Store(path)
 
 
 @click.group(cls=DPWGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -86,7 +102,11 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
     """
     from engine.config import RunConfig
 
-    config = RunConfig.load_toml(config_file)
+    try:
+        config = RunConfig.load_toml(config_file)
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{config_file}: is not UTF-8 text (byte {exc.object[exc.start]:#04x} at position "
+                        f"{exc.start}) — save the config file as UTF-8") from None
     changes: dict[str, Any] = {}
     if data_dir is not None:
         changes["data_dir"] = str(data_dir.resolve())
@@ -102,7 +122,7 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
     check_before_storing(config)
     store = open_store(db)
     run_id = store.create_run(config)
-    status = follow_runner(store.path, run_id, as_json=as_json)
+    status = follow_runner(store.path, run_id, as_json=as_json, store=store)
     run_row = store.get_run(run_id)
     if not as_json:
         print_summary(run_row)
@@ -114,11 +134,24 @@ def runner_command(db_path: Path, run_id: int) -> list[str]:
     return [sys.executable, "-m", "engine.runner", str(run_id), "--db", str(db_path)]
 
 
-def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False) -> str:
-    """Start the runner process and render its events until it ends; returns the final status."""
+def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=None) -> str:
+    """Start the runner process and render its events until it ends; returns the final status.
+    SIGTERM or SIGHUP to this process stops the runner like Ctrl-C (never an orphan runner). With
+    `store`, the runner is recorded as the run's owner, and a runner that ended without reporting
+    leaves its run marked failed with the reason before this returns."""
     from engine.events import decode
 
     proc = subprocess.Popen(runner_command(db_path, run_id), stdout=subprocess.PIPE, text=True, bufsize=1)
+    if store is not None:
+        store.assign_runner(run_id, proc.pid)
+
+    def stop_runner(signum: int, frame: Any) -> None:
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(OSError):
+            click.echo("\nstopping after the current step…", err=True)
+
+    signals = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    previous = {sig: signal.signal(sig, stop_runner) for sig in signals}
     display = None if as_json else ProgressDisplay()
     status = "failed"
     try:
@@ -143,8 +176,12 @@ def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False) -> str:
                 status = event["status"]
     finally:
         proc.wait()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if display:
             display.close()
+        if store is not None:
+            store.reconcile_orphans()
     return status
 
 
@@ -401,14 +438,15 @@ def run_details(store, run_ref: str, *, include_teacher_stats: bool = False) -> 
 @db_option
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Folder for model.safetensors, model.pt2, model.onnx and model_card.json.")
-def export(run_ref: str, db: Path | None, out_dir: Path) -> None:
+@click.option("--force", is_flag=True, help="Replace those files where the folder already holds them.")
+def export(run_ref: str, db: Path | None, out_dir: Path, force: bool) -> None:
     """Export a run's trained model (the student, for PATE) with its model card.
 
     Example: dpw export 3 --out exported/
     """
     from engine.export import export_run
 
-    files = export_run(open_store(db), run_ref, out_dir)
+    files = export_run(open_store(db), run_ref, out_dir, force=force)
     for name, digest in files.items():
         click.echo(f"{out_dir / name}  {digest}")
 

@@ -1,26 +1,43 @@
-"""The run store: one SQLite file (WAL mode) through sqlite-utils.
+"""The run store: one SQLite file (WAL mode) through sqlite-utils, kept as a privacy ledger.
 
 The runner process is the only writer of a run's rows; the GUI and CLI read. Each event is
-written in its own transaction, so a killed runner leaves every completed step in the file.
-The schema carries a version (`PRAGMA user_version`) and is migrated forward, never dropped.
+written in its own transaction, and a `privacy` event updates the run row (epsilon, delta,
+accountant, steps so far) in that same transaction, so whatever ends a run (kill -9, full disk,
+a failed save) the row states the privacy spent up to the last completed step. Every write is an
+explicit `BEGIN IMMEDIATE ... COMMIT` (the write lock is taken first, so concurrent writers wait
+on the busy timeout instead of failing), schema creation and each migration included: Python's
+sqlite3 would otherwise run DDL outside any transaction. The schema carries a version
+(`PRAGMA user_version`) and is migrated forward, never dropped.
+
+A file that is not ours is never changed: not an SQLite file, another application's database,
+a damaged store (checked with `PRAGMA quick_check` before a connection's first write) each give
+one `StoreError`. A read-only store (or one in a read-only folder) opens for reading.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
 import socket
+import sqlite3
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import sqlite_utils
 
-from engine.errors import DPWError
+from engine.errors import DPWError, StoreError, explain, recover_hint
+from engine.events import from_json_safe, to_json_safe
 from engine.store_files import abandon, empty_old_wal, replaced, store_files
 
 SCHEMA_VERSION = 2
 STATUSES = ("queued", "running", "finished", "stopped", "failed")
+BUSY_TIMEOUT_S = 120  # a writer waits this long for another's write lock (a backup, an sqlite3 shell)
+SQLITE_HEADER = b"SQLite format 3\x00"
+# A privacy row of this accountant is a function of the private data (PATE's data-dependent bound):
+# it is kept in the privacy table but never becomes the run's stated epsilon (engine.publication).
+NOT_STATED_ACCOUNTANTS = ("pate-dd",)
 
 
 def default_db_path() -> Path:
@@ -37,104 +54,54 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
+# ---- schema: plain DDL, run inside the migration's transaction ----------------------------------
+_RUNS_COLUMNS = (
+    "[id] INTEGER PRIMARY KEY, [name] TEXT, [mechanism] TEXT, [dataset] TEXT, [model] TEXT, [config] TEXT, "
+    "[config_hash] TEXT, [status] TEXT, [created] TEXT, [started] TEXT, [finished] TEXT, [pid] INTEGER, "
+    "[host] TEXT, [device] TEXT, [num_train] INTEGER, [num_test] INTEGER, [sample_rate] FLOAT, "
+    "[noise_multiplier] FLOAT, [clipping_norm] FLOAT, [steps_planned] INTEGER, [steps_done] INTEGER, "
+    "[epochs_done] FLOAT, [accuracy] FLOAT, [epsilon] FLOAT, [delta] FLOAT, [accountant] TEXT, "
+    "[epsilon_budget] FLOAT, [stop_reason] TEXT, [error] TEXT, [error_hint] TEXT, [summary] TEXT"
+)
+_RUN_REF = "[run_id] INTEGER REFERENCES [runs]([id])"
+
+
 def _migration_1(db: sqlite_utils.Database) -> None:
-    db["runs"].create(
-        {
-            "id": int,
-            "name": str,
-            "mechanism": str,
-            "dataset": str,
-            "model": str,
-            "config": str,
-            "config_hash": str,
-            "status": str,
-            "created": str,
-            "started": str,
-            "finished": str,
-            "pid": int,
-            "host": str,
-            "device": str,
-            "num_train": int,
-            "num_test": int,
-            "sample_rate": float,
-            "noise_multiplier": float,
-            "clipping_norm": float,
-            "steps_planned": int,
-            "steps_done": int,
-            "epochs_done": float,
-            "accuracy": float,
-            "epsilon": float,
-            "delta": float,
-            "accountant": str,
-            "epsilon_budget": float,
-            "stop_reason": str,
-            "error": str,
-            "error_hint": str,
-            "summary": str,
-        },
-        pk="id",
-    )
-    db["metrics"].create(
-        {"run_id": int, "step": int, "epoch": float, "name": str, "value": float},
-        foreign_keys=[("run_id", "runs", "id")],
-    )
-    db["metrics"].create_index(["run_id", "name", "step"])
-    db["privacy"].create(
-        {"run_id": int, "step": int, "epsilon": float, "delta": float, "accountant": str},
-        foreign_keys=[("run_id", "runs", "id")],
-    )
-    db["privacy"].create_index(["run_id", "accountant", "step"])
-    db["events"].create(
-        {"run_id": int, "seq": int, "type": str, "t": float, "payload": str},
-        foreign_keys=[("run_id", "runs", "id")],
-    )
-    db["events"].create_index(["run_id", "seq"])
-    db["artifacts"].create(
-        {"run_id": int, "kind": str, "path": str, "sha256": str, "created": str},
-        foreign_keys=[("run_id", "runs", "id")],
-    )
-    # PATE: one row per student query. histogram is a JSON list of vote counts per class;
-    # label is the released label (NULL when the query was rejected); epsilon_cost is the
-    # query's share of the data-dependent privacy cost (NULL when not computed per query).
-    db["votes"].create(
-        {
-            "run_id": int,
-            "query_index": int,
-            "histogram": str,
-            "answered": int,
-            "label": int,
-            "true_label": int,
-            "epsilon_cost": float,
-            "epsilon_after": float,
-        },
-        foreign_keys=[("run_id", "runs", "id")],
-    )
-    db["votes"].create_index(["run_id", "query_index"], unique=True)
+    """The run tables. IF NOT EXISTS: a store whose creation an older version left half done
+    (tables made, version never set) is completed, not refused."""
+    statements = [
+        f"CREATE TABLE IF NOT EXISTS [runs] ({_RUNS_COLUMNS})",
+        f"CREATE TABLE IF NOT EXISTS [metrics] ({_RUN_REF}, [step] INTEGER, [epoch] FLOAT, [name] TEXT, [value] FLOAT)",
+        "CREATE INDEX IF NOT EXISTS [idx_metrics_run_id_name_step] ON [metrics] ([run_id], [name], [step])",
+        f"CREATE TABLE IF NOT EXISTS [privacy] ({_RUN_REF}, [step] INTEGER, [epsilon] FLOAT, [delta] FLOAT, "
+        "[accountant] TEXT)",
+        "CREATE INDEX IF NOT EXISTS [idx_privacy_run_id_accountant_step] ON [privacy] ([run_id], [accountant], [step])",
+        f"CREATE TABLE IF NOT EXISTS [events] ({_RUN_REF}, [seq] INTEGER, [type] TEXT, [t] FLOAT, [payload] TEXT)",
+        "CREATE INDEX IF NOT EXISTS [idx_events_run_id_seq] ON [events] ([run_id], [seq])",
+        f"CREATE TABLE IF NOT EXISTS [artifacts] ({_RUN_REF}, [kind] TEXT, [path] TEXT, [sha256] TEXT, [created] TEXT)",
+        # PATE: one row per student query. histogram is a JSON list of vote counts per class; label is
+        # the released label (NULL when the query was rejected); epsilon_cost is the query's share of
+        # the data-dependent privacy cost (NULL when not computed per query).
+        f"CREATE TABLE IF NOT EXISTS [votes] ({_RUN_REF}, [query_index] INTEGER, [histogram] TEXT, "
+        "[answered] INTEGER, [label] INTEGER, [true_label] INTEGER, [epsilon_cost] FLOAT, [epsilon_after] FLOAT)",
+        "CREATE UNIQUE INDEX IF NOT EXISTS [idx_votes_run_id_query_index] ON [votes] ([run_id], [query_index])",
+    ]
+    for sql in statements:
+        db.conn.execute(sql)
 
 
 def _migration_2(db: sqlite_utils.Database) -> None:
     # What a deleted run was and when it was deleted: its privacy spend on the data still happened
     # (a reviewer may ask), and its id is never given to a new run.
-    db["deleted_runs"].create(
-        {
-            "id": int,
-            "name": str,
-            "mechanism": str,
-            "dataset": str,
-            "status": str,
-            "epsilon": float,
-            "delta": float,
-            "accountant": str,
-            "config_hash": str,
-            "created": str,
-            "finished": str,
-            "deleted": str,
-        },
-        pk="id",
+    db.conn.execute(
+        "CREATE TABLE IF NOT EXISTS [deleted_runs] ([id] INTEGER PRIMARY KEY, [name] TEXT, [mechanism] TEXT, "
+        "[dataset] TEXT, [status] TEXT, [epsilon] FLOAT, [delta] FLOAT, [accountant] TEXT, [config_hash] TEXT, "
+        "[created] TEXT, [finished] TEXT, [deleted] TEXT)"
     )
 
 
 MIGRATIONS = [_migration_1, _migration_2]
+RUN_COLUMNS_NEEDED = {"id", "name", "status", "config"}  # a `runs` table without these is not ours
 
 
 def check_deletable(run: dict[str, Any]) -> None:
@@ -145,19 +112,105 @@ def check_deletable(run: dict[str, Any]) -> None:
 RUN_TABLES = ("metrics", "privacy", "events", "artifacts", "votes")  # rows owned by a run
 
 
-class Store:
-    """Read and write runs, their events and the rows derived from them."""
+# ---- opening a file ----------------------------------------------------------------------------
+def check_store_path(path: Path) -> bool:
+    """Refuse, in one line and without touching anything, a path that cannot be a store: a folder,
+    a path under a file, a file that is not SQLite. True when a non-empty file is there."""
+    if path.is_dir():
+        raise StoreError(f"{path} is a folder, not a store file", hint=f"give a file, e.g. --db {path / 'runs.sqlite'}")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise StoreError(f"cannot use {path}: {parent} is a file, not a folder",
+                                 hint="choose a --db path whose folders are folders")
+            break
+    if not path.exists():
+        return False
+    try:
+        with open(path, "rb") as f:
+            header = f.read(len(SQLITE_HEADER))
+    except OSError as exc:
+        raise StoreError(f"cannot read {path}: {exc.strerror}", hint="check the file's permissions") from None
+    if not header:
+        return False
+    if header != SQLITE_HEADER:
+        raise StoreError(f"{path} is not a DP Workbench store: it is not an SQLite database file",
+                         hint="check the --db path (the file was left unchanged)")
+    return True
 
-    def __init__(self, path: str | Path):
+
+def _may_write(path: Path) -> bool:
+    """Whether this process may write the store and create its -wal/-shm files beside it (False on
+    a read-only file, folder or file system)."""
+    folder = next((p for p in path.parents if p.exists()), Path("."))
+    if path.exists():
+        return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+    return os.access(folder, os.W_OK)
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection. In a read-only folder SQLite cannot create the -shm file a WAL store
+    needs; with no -wal content left (every writer closed cleanly) the file is then complete on its
+    own and is opened as immutable."""
+    uri = path.resolve().as_uri()
+    conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA user_version").fetchone()
+        conn.execute("select count(*) from sqlite_master").fetchone()
+        return conn
+    except sqlite3.OperationalError:
+        conn.close()
+    wal = Path(f"{path}-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        raise StoreError(f"cannot read {path}: its folder is read-only and {wal.name} holds changes not yet "
+                         f"written to it", hint="open it once where its folder is writable, or copy the store "
+                         "with its -wal file to a writable folder")
+    return sqlite3.connect(f"{uri}?immutable=1", uri=True, check_same_thread=False)
+
+
+class Store:
+    """Read and write runs, their events and the rows derived from them.
+
+    `readonly=True` never writes (nor migrates); a store the process may not write (read-only file
+    or folder) opens that way by itself, and its writes raise StoreError."""
+
+    def __init__(self, path: str | Path, *, readonly: bool = False):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite_utils.Database(self.path)
-        self.db.conn.execute("PRAGMA busy_timeout = 10000")
-        self.db.enable_wal()
-        self.db.conn.execute("PRAGMA synchronous = NORMAL")
-        self.db.conn.execute("PRAGMA foreign_keys = ON")
         self._seq: dict[int, int] = {}
-        self.migrate()
+        self._stated: dict[int, str | None] = {}  # run id -> accountant its plan reports
+        self._checked = False  # quick_check done before this connection's first write
+        exists = check_store_path(self.path)
+        self.writable = not readonly and _may_write(self.path)
+        if not exists and not self.writable:
+            raise StoreError(f"no store at {self.path}" if readonly else f"cannot create a store at {self.path}: "
+                             "its folder is read-only", hint="check the --db path")
+        try:
+            if self.writable:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(str(self.path), check_same_thread=False)
+            else:
+                conn = _connect_read_only(self.path)
+        except (OSError, sqlite3.Error) as exc:
+            message, hint, _ = explain(exc, store_path=self.path)
+            raise StoreError(message, hint=hint) from None
+        self.db = sqlite_utils.Database(conn)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
+            self._check_ours()
+            if self.writable:
+                if self.db.journal_mode != "wal":
+                    self.db.enable_wal()
+                conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            if self.writable:
+                self.migrate()
+        except sqlite3.Error as exc:
+            conn.close()
+            message, hint, _ = explain(exc, store_path=self.path)
+            raise StoreError(message, hint=hint) from None
+        except BaseException:
+            conn.close()
+            raise
         self._files = store_files(self.path)  # what this connection holds (reopen_if_replaced)
 
     # ---- schema -----------------------------------------------------------------------------
@@ -165,18 +218,37 @@ class Store:
     def schema_version(self) -> int:
         return self.db.conn.execute("PRAGMA user_version").fetchone()[0]
 
-    def migrate(self) -> None:
+    def _check_ours(self) -> None:
+        """Refuse a newer schema, and any non-empty SQLite file without our `runs` table."""
         version = self.schema_version
         if version > SCHEMA_VERSION:
-            raise DPWError(
+            raise StoreError(
                 f"{self.path} has store schema {version}, newer than this version of DP Workbench "
                 f"reads ({SCHEMA_VERSION})",
                 hint="upgrade dp-workbench, or use another --db file",
             )
-        for number in range(version + 1, SCHEMA_VERSION + 1):
-            with self.db.conn:
+        tables = [r[0] for r in self.db.conn.execute(
+            "select name from sqlite_master where type = 'table' and name not like 'sqlite_%' order by name")]
+        if not tables and version == 0:
+            return  # a new, empty store
+        columns = {r[1] for r in self.db.conn.execute("PRAGMA table_info(runs)")}
+        if not RUN_COLUMNS_NEEDED <= columns:
+            shown = ", ".join(tables[:6]) + (", ..." if len(tables) > 6 else "")
+            raise StoreError(f"{self.path} is not a DP Workbench store: it is another application's SQLite "
+                             f"database (tables: {shown or 'none'})",
+                             hint="DP Workbench leaves it unchanged; use another --db file")
+
+    def migrate(self) -> None:
+        """Bring the schema to SCHEMA_VERSION, each migration and its version number in one
+        transaction (all or nothing: a store interrupted mid-migration opens again once the cause
+        is gone)."""
+        self._check_ours()
+        for number in range(self.schema_version + 1, SCHEMA_VERSION + 1):
+            with self._write() as conn:
+                if conn.execute("PRAGMA user_version").fetchone()[0] >= number:
+                    continue  # another process migrated it while this one waited for the lock
                 MIGRATIONS[number - 1](self.db)
-                self.db.conn.execute(f"PRAGMA user_version = {number}")
+                conn.execute(f"PRAGMA user_version = {number}")
 
     def close(self) -> None:
         self.db.close()
@@ -196,25 +268,65 @@ class Store:
         fresh = Store(self.path)
         abandon(self.db.conn)
         self.db, self._files, self._seq = fresh.db, fresh._files, {}
+        self._stated, self._checked, self.writable = {}, fresh._checked, fresh.writable
         return True
+
+    # ---- writing ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: BEGIN IMMEDIATE (wait for the write lock up to the busy timeout),
+        COMMIT, or ROLLBACK on any exception."""
+        self._check_writable()
+        conn = self.db.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+
+    def _check_writable(self) -> None:
+        """Refuse writes to a read-only store, and to a damaged one (never insert into a corrupt
+        file): `PRAGMA quick_check` once, before this connection's first write."""
+        if not self.writable:
+            raise StoreError(f"{self.path} is read-only: this process may not write the file or its folder",
+                             hint="reading works; to add or change runs make the file and its folder writable")
+        if self._checked:
+            return
+        try:
+            problems = [r[0] for r in self.db.conn.execute("PRAGMA quick_check(1)")]
+        except sqlite3.DatabaseError as exc:
+            problems = [str(exc)]
+        if problems != ["ok"]:
+            first = " ".join(problems[0].replace("*** in database main ***", "").split())
+            raise StoreError(f"{self.path} is damaged ({first}); nothing was written to it",
+                             hint=recover_hint(self.path))
+        self._checked = True
 
     # ---- runs -------------------------------------------------------------------------------
     def create_run(self, config: Any) -> int:
-        """Store a config as a new queued run; `config` is a RunConfig."""
-        with self.db.conn:
-            row = {
-                "name": config.name,
-                "mechanism": config.mechanism,
-                "dataset": config.dataset,
-                "model": config.model,
-                "config": json.dumps(config.to_dict(), sort_keys=True),
-                "config_hash": config.config_hash(),
-                "status": "queued",
-                "created": now_iso(),
-                "epsilon_budget": getattr(config, "epsilon_budget", None),
-                "steps_done": 0,
-                "id": self._next_run_id(),
-            }
+        """Store a config as a new queued run; `config` is a RunConfig. The id is allocated inside the
+        write transaction, so concurrent creators get distinct ids. The run records this process as
+        its owner until a runner takes it over (`assign_runner`, `mark_running`)."""
+        row = {
+            "name": config.name,
+            "mechanism": config.mechanism,
+            "dataset": config.dataset,
+            "model": config.model,
+            "config": json.dumps(config.to_dict(), sort_keys=True),
+            "config_hash": config.config_hash(),
+            "status": "queued",
+            "created": now_iso(),
+            "epsilon_budget": getattr(config, "epsilon_budget", None),
+            "steps_done": 0,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+        }
+        with self._write():
+            row["id"] = self._next_run_id()
             return self.db["runs"].insert(row).last_pk
 
     def _next_run_id(self) -> int:
@@ -224,6 +336,12 @@ class Store:
         ).fetchone()[0]
         return int(used) + 1
 
+    def assign_runner(self, run_id: int, pid: int) -> None:
+        """Record the runner process started for a queued run (its owner from now on)."""
+        with self._write() as conn:
+            conn.execute("update runs set pid = ?, host = ? where id = ? and status = 'queued'",
+                         [pid, socket.gethostname(), run_id])
+
     def delete_run(self, run_id: int) -> dict[str, Any]:
         """Delete a run and every row it owns in one transaction, keeping a line in `deleted_runs`;
         returns the run as it was. A running run is refused: its runner would go on writing."""
@@ -232,11 +350,11 @@ class Store:
         check_deletable(run)
         keep = ("id", "name", "mechanism", "dataset", "status", "epsilon", "delta", "accountant",
                 "config_hash", "created", "finished")
-        with self.db.conn:
+        with self._write() as conn:
             self.db["deleted_runs"].insert({**{k: run.get(k) for k in keep}, "deleted": now_iso()}, replace=True)
             for table in RUN_TABLES:
-                self.db.conn.execute(f"delete from {table} where run_id = ?", [run_id])
-            self.db.conn.execute("delete from runs where id = ?", [run_id])
+                conn.execute(f"delete from {table} where run_id = ?", [run_id])
+            conn.execute("delete from runs where id = ?", [run_id])
         self._seq.pop(run_id, None)
         return run
 
@@ -247,14 +365,21 @@ class Store:
         if "status" in fields and fields["status"] not in STATUSES:
             raise ValueError(f"unknown status {fields['status']!r}")
         if "summary" in fields and not isinstance(fields["summary"], str):
-            fields["summary"] = json.dumps(fields["summary"], sort_keys=True)
-        with self.db.conn:
+            fields["summary"] = json.dumps(to_json_safe(fields["summary"]), sort_keys=True, allow_nan=False)
+        with self._write():
             self.db["runs"].update(run_id, fields)
 
     def mark_running(self, run_id: int, **fields: Any) -> None:
-        self.update_run(
-            run_id, status="running", started=now_iso(), pid=os.getpid(), host=socket.gethostname(), **fields
-        )
+        """Take a queued run over for this process (the runner); refused when it is no longer queued
+        (deleted, or reconciled as failed because its creator ended)."""
+        values = {"status": "running", "started": now_iso(), "pid": os.getpid(), "host": socket.gethostname(),
+                  **fields}
+        with self._write() as conn:
+            status = conn.execute("select status from runs where id = ?", [run_id]).fetchone()
+            if status is None or status[0] != "queued":
+                raise DPWError(f"run {run_id} is {status[0] if status else 'gone'}, not queued; only a queued run "
+                               f"can be started", hint="create a new run from its config (`dpw run`)")
+            self.db["runs"].update(run_id, values)
 
     def get_run(self, run_id: int) -> dict[str, Any]:
         try:
@@ -277,69 +402,109 @@ class Store:
         return [_decode_run(r) for r in self.db["runs"].rows_where(order_by="id")]
 
     def reconcile_orphans(self) -> list[int]:
-        """Mark runs whose runner process on this host is gone as failed. Returns their ids."""
+        """Mark `queued`/`running` runs whose owner process on this host is gone as failed, with the
+        reason (their privacy spent stays as the ledger recorded it). Returns their ids. A read-only
+        store is left as it is."""
         host = socket.gethostname()
         lost = []
-        for row in self.db["runs"].rows_where("status = 'running' and host = ?", [host]):
-            if row["pid"] and not _pid_alive(row["pid"]):
-                lost.append(row["id"])
-        for run_id in lost:
-            self.update_run(
-                run_id,
-                status="failed",
-                finished=now_iso(),
-                error="the runner process ended without reporting (killed or crashed)",
-                error_hint="everything up to its last completed step is kept; start the run again to retry",
-            )
-        return lost
+        rows = self.db.conn.execute("select id, status, pid, host from runs where status in ('queued', 'running')")
+        for run_id, status, pid, run_host in rows.fetchall():
+            if run_host not in (None, host):
+                continue  # another machine's run: its process cannot be seen from here
+            if pid is None or not _pid_alive(pid):
+                lost.append((run_id, status, pid))
+        if not lost or not self.writable:
+            return []
+        reasons = {
+            "queued": ("the run never started: the process that queued it ended before its runner began",
+                       "start the run again"),
+            "running": ("the runner process ended without reporting (killed or crashed)",
+                        "everything up to its last completed step is kept, with the privacy it spent; "
+                        "start the run again to retry"),
+        }
+        done = []
+        for run_id, status, pid in lost:
+            error, hint = reasons[status]
+            with self._write() as conn:
+                changed = conn.execute(
+                    "update runs set status = 'failed', finished = ?, error = ?, error_hint = ? "
+                    "where id = ? and status = ? and pid is ?", [now_iso(), error, hint, run_id, status, pid]
+                ).rowcount
+            if changed:
+                done.append(run_id)
+        return done
 
     # ---- events and derived rows -------------------------------------------------------------
     def record_event(self, event: dict[str, Any]) -> None:
-        """Write one event and the metric/privacy/artifact row it carries, in one transaction."""
+        """Write one event and what it carries in one transaction: its metric/privacy/artifact row,
+        and the privacy spent so far (privacy), the plan's figures (plan) or the PATE queries asked
+        and answered (vote_batch) on the run row."""
         run_id = event["run_id"]
-        if run_id not in self._seq:
-            last = self.db.conn.execute(
-                "select coalesce(max(seq), -1) from events where run_id = ?", [run_id]
-            ).fetchone()[0]
-            self._seq[run_id] = last + 1
-        seq = self._seq[run_id]
-        self._seq[run_id] += 1
         payload = {k: v for k, v in event.items() if k not in ("v", "type", "run_id", "t")}
         kind = event["type"]
-        with self.db.conn:
-            self.db["events"].insert(
-                {"run_id": run_id, "seq": seq, "type": kind, "t": event["t"], "payload": json.dumps(payload)}
-            )
+        if kind == "privacy" and run_id not in self._stated:
+            self._stated[run_id] = self._stated_accountant(run_id)
+        with self._write() as conn:
+            if run_id not in self._seq:
+                last = conn.execute("select coalesce(max(seq), -1) from events where run_id = ?", [run_id]).fetchone()[0]
+                self._seq[run_id] = last + 1
+            seq = self._seq[run_id]
+            self.db["events"].insert({"run_id": run_id, "seq": seq, "type": kind, "t": event["t"],
+                                      "payload": json.dumps(to_json_safe(payload), allow_nan=False)})
             if kind == "metric":
-                self.db["metrics"].insert(
-                    {
-                        "run_id": run_id,
-                        "step": payload["step"],
-                        "epoch": payload.get("epoch"),
-                        "name": payload["name"],
-                        "value": payload["value"],
-                    }
-                )
+                self.db["metrics"].insert({"run_id": run_id, "step": payload["step"], "epoch": payload.get("epoch"),
+                                           "name": payload["name"], "value": payload["value"]})
             elif kind == "privacy":
-                self.db["privacy"].insert(
-                    {
-                        "run_id": run_id,
-                        "step": payload["step"],
-                        "epsilon": payload["epsilon"],
-                        "delta": payload["delta"],
-                        "accountant": payload["accountant"],
-                    }
-                )
+                self.db["privacy"].insert({"run_id": run_id, "step": payload["step"], "epsilon": payload["epsilon"],
+                                           "delta": payload["delta"], "accountant": payload["accountant"]})
+                self._record_spent(conn, run_id, payload)
             elif kind == "artifact":
-                self.db["artifacts"].insert(
-                    {
-                        "run_id": run_id,
-                        "kind": payload["kind"],
-                        "path": payload["path"],
-                        "sha256": payload.get("sha256"),
-                        "created": now_iso(),
-                    }
-                )
+                self.db["artifacts"].insert({"run_id": run_id, "kind": payload["kind"], "path": payload["path"],
+                                             "sha256": payload.get("sha256"), "created": now_iso()})
+            elif kind == "plan":
+                self._record_plan(conn, run_id, payload)
+            elif kind == "vote_batch":
+                self._record_queries(conn, run_id, payload)
+        self._seq[run_id] = seq + 1
+
+    def _stated_accountant(self, run_id: int) -> str | None:
+        """The accountant the run's plan reports (the tight one, e.g. pld), from its plan event."""
+        row = self.db.conn.execute("select payload from events where run_id = ? and type = 'plan' "
+                                   "order by seq desc limit 1", [run_id]).fetchone()
+        return json.loads(row[0]).get("accountant") if row else None
+
+    def _record_spent(self, conn: sqlite3.Connection, run_id: int, payload: dict[str, Any]) -> None:
+        """The ledger rule: the run row carries the privacy row of the latest step; at that step the
+        plan's reported accountant replaces the live bound once it is computed."""
+        accountant = payload["accountant"]
+        if accountant in NOT_STATED_ACCOUNTANTS:
+            return
+        conn.execute(
+            "update runs set epsilon = :epsilon, delta = :delta, accountant = :accountant, steps_done = :step "
+            "where id = :id and (coalesce(steps_done, 0) < :step or "
+            "(steps_done = :step and (epsilon is null or accountant is null or :accountant = :stated)))",
+            {"epsilon": payload["epsilon"], "delta": payload["delta"], "accountant": accountant,
+             "step": payload["step"], "id": run_id, "stated": self._stated.get(run_id)},
+        )
+
+    def _record_plan(self, conn: sqlite3.Connection, run_id: int, payload: dict[str, Any]) -> None:
+        self._stated[run_id] = payload.get("accountant")
+        columns = {"model": "model", "device": "device", "num_train": "num_train", "num_test": "num_test",
+                   "sample_rate": "sample_rate", "noise_multiplier": "noise_multiplier", "steps": "steps_planned",
+                   "delta": "delta"}
+        values = {column: payload[key] for key, column in columns.items() if payload.get(key) is not None}
+        if values:
+            conn.execute(f"update runs set {', '.join(f'{c} = ?' for c in values)} where id = ?",
+                         [*values.values(), run_id])
+
+    def _record_queries(self, conn: sqlite3.Connection, run_id: int, payload: dict[str, Any]) -> None:
+        """PATE: queries asked and answered so far, in the run's summary until its final summary."""
+        row = conn.execute("select summary from runs where id = ?", [run_id]).fetchone()
+        summary = json.loads(row[0]) if row and row[0] else {}
+        summary["queries"] = payload["first_query"] + payload["count"]
+        summary["answered"] = int(summary.get("answered") or 0) + payload["answered"]
+        conn.execute("update runs set summary = ? where id = ?",
+                     [json.dumps(to_json_safe(summary), sort_keys=True, allow_nan=False), run_id])
 
     def events(self, run_id: int, *, exclude: Iterable[str] = ()) -> list[dict[str, Any]]:
         """The run's events in order; `exclude` leaves out types already in their own tables (e.g.
@@ -349,7 +514,8 @@ class Store:
         if exclude:
             sql += " and type not in (" + ",".join("?" * len(exclude)) + ")"
         rows = self.db.conn.execute(sql + " order by seq", [run_id, *exclude]).fetchall()
-        return [{"v": 1, "type": t, "run_id": run_id, "t": time, **json.loads(p)} for t, time, p in rows]
+        return [{"v": 1, "type": t, "run_id": run_id, "t": time, **from_json_safe(json.loads(p))}
+                for t, time, p in rows]
 
     def metrics(self, run_id: int, name: str | None = None) -> list[dict[str, Any]]:
         where, args = "run_id = ?", [run_id]
@@ -388,7 +554,7 @@ class Store:
         }
 
     def insert_many(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
-        with self.db.conn:
+        with self._write():
             self.db[table].insert_all(rows)
 
 
@@ -396,7 +562,7 @@ def _decode_run(row: dict[str, Any]) -> dict[str, Any]:
     row = dict(row)
     for key in ("config", "summary"):
         if row.get(key):
-            row[key] = json.loads(row[key])
+            row[key] = from_json_safe(json.loads(row[key]))
     return row
 
 

@@ -1,8 +1,10 @@
 """The SQLite store: schema version, event rows, orphaned runs, WAL mode."""
 
 import os
+import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +148,234 @@ def test_a_version_1_store_is_migrated_with_its_runs(tmp_path):
     assert store.get_run(7)["name"] == "old"
     store.delete_run(7)
     assert store.create_run(RunConfig(name="new", noise_multiplier=1.0)) == 8
+
+
+# ---- the ledger: the run row carries the privacy spent as it is spent ------------------------------
+def _writer(store: Store, name: str = "ledger", **plan) -> tuple[int, EventWriter]:
+    run_id = store.create_run(RunConfig(name=name, noise_multiplier=1.0))
+    writer = EventWriter(run_id, stream=None, sink=store.record_event)
+    writer.emit("plan", steps=100, sample_rate=0.01, noise_multiplier=1.0, delta=1e-5, num_train=1000,
+                num_test=100, accountant=plan.get("accountant", "pld"))
+    return run_id, writer
+
+
+def test_the_run_row_carries_the_live_bound_then_the_reported_one_at_each_step(store):
+    run_id, writer = _writer(store)
+    assert store.get_run(run_id)["steps_planned"] == 100 and store.get_run(run_id)["sample_rate"] == 0.01
+    writer.emit("privacy", step=1, epsilon=0.30, delta=1e-5, accountant="rdp")
+    writer.emit("privacy", step=2, epsilon=0.40, delta=1e-5, accountant="rdp")
+    row = store.get_run(run_id)
+    assert (row["epsilon"], row["accountant"], row["steps_done"]) == (0.40, "rdp", 2)
+    writer.emit("privacy", step=2, epsilon=0.35, delta=1e-5, accountant="pld")  # the tight one, computed late
+    row = store.get_run(run_id)
+    assert (row["epsilon"], row["accountant"], row["steps_done"]) == (0.35, "pld", 2)
+    writer.emit("privacy", step=3, epsilon=0.45, delta=1e-5, accountant="rdp")
+    row = store.get_run(run_id)
+    assert (row["epsilon"], row["accountant"], row["steps_done"], row["status"]) == (0.45, "rdp", 3, "queued")
+
+
+def test_an_older_step_or_a_looser_bound_never_replaces_the_recorded_spend(store):
+    run_id, writer = _writer(store)
+    writer.emit("privacy", step=5, epsilon=1.0, delta=1e-5, accountant="pld")
+    writer.emit("privacy", step=5, epsilon=1.2, delta=1e-5, accountant="rdp")
+    writer.emit("privacy", step=4, epsilon=0.9, delta=1e-5, accountant="pld")
+    row = store.get_run(run_id)
+    assert (row["epsilon"], row["accountant"], row["steps_done"]) == (1.0, "pld", 5)
+
+
+def test_pate_data_dependent_epsilon_is_never_the_stated_spend_and_queries_are_counted(store):
+    run_id, writer = _writer(store, accountant="pate-dd")
+    writer.emit("vote_batch", first_query=0, count=100, answered=60, rejected=40)
+    writer.emit("privacy", step=100, epsilon=0.8, delta=1e-5, accountant="pate-dd")
+    writer.emit("privacy", step=100, epsilon=2.5, delta=1e-5, accountant="pate-di")
+    writer.emit("vote_batch", first_query=100, count=50, answered=20, rejected=30)
+    writer.emit("privacy", step=150, epsilon=0.9, delta=1e-5, accountant="pate-dd")
+    row = store.get_run(run_id)
+    assert (row["epsilon"], row["accountant"], row["steps_done"]) == (2.5, "pate-di", 100)
+    assert row["summary"] == {"queries": 150, "answered": 80}
+
+
+def test_an_infinite_epsilon_is_recorded_and_replayed(store):
+    run_id, writer = _writer(store)
+    writer.emit("privacy", step=1, epsilon=float("inf"), delta=1e-5, accountant="rdp")
+    assert store.get_run(run_id)["epsilon"] == float("inf")
+    assert store.events(run_id)[-1]["epsilon"] == float("inf")
+
+
+# ---- ids, orphans, take-over ---------------------------------------------------------------------
+def _create_one(path: str, barrier, queue) -> None:
+    store = Store(path)
+    barrier.wait()
+    try:
+        queue.put(store.create_run(RunConfig(name="race", noise_multiplier=1.0)))
+    except Exception as exc:  # reported to the test, which fails on it
+        queue.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_concurrent_creators_all_get_distinct_ids(tmp_path):
+    import multiprocessing
+
+    path = str(tmp_path / "runs.sqlite")
+    Store(path).close()
+    context = multiprocessing.get_context("spawn")
+    barrier, queue = context.Barrier(6), context.Queue()
+    workers = [context.Process(target=_create_one, args=(path, barrier, queue)) for _ in range(6)]
+    for w in workers:
+        w.start()
+    results = sorted(str(queue.get(timeout=120)) for _ in workers)
+    for w in workers:
+        w.join()
+    assert results == [str(i) for i in range(1, 7)]
+
+
+def test_a_queued_run_whose_creator_died_is_failed_with_the_reason(store):
+    run_id = store.create_run(RunConfig(name="never", noise_multiplier=1.0))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store.assign_runner(run_id, dead.pid)
+    assert [r["status"] for r in store.list_runs()] == ["failed"]
+    assert "never started" in store.get_run(run_id)["error"]
+    with pytest.raises(DPWError, match="is failed, not queued"):
+        store.mark_running(run_id)
+
+
+def test_a_queued_run_with_a_live_creator_is_left_alone(store):
+    run_id = store.create_run(RunConfig(name="waiting", noise_multiplier=1.0))
+    assert store.reconcile_orphans() == [] and store.get_run(run_id)["status"] == "queued"
+
+
+# ---- atomic schema changes -----------------------------------------------------------------------
+def _interrupt(monkeypatch, number: int) -> None:
+    import engine.store as store_module
+
+    real = store_module.MIGRATIONS[number - 1]
+
+    def fails_after_its_ddl(db):
+        real(db)
+        raise sqlite3.OperationalError("database or disk is full")
+
+    patched = list(store_module.MIGRATIONS)
+    patched[number - 1] = fails_after_its_ddl
+    monkeypatch.setattr(store_module, "MIGRATIONS", patched)
+
+
+def test_an_interrupted_schema_creation_leaves_nothing_and_opens_later(tmp_path, monkeypatch):
+    path = tmp_path / "runs.sqlite"
+    _interrupt(monkeypatch, 1)
+    with pytest.raises(DPWError, match="full"):
+        Store(path)
+    monkeypatch.undo()
+    raw = sqlite3.connect(path)
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 0
+    assert raw.execute("select count(*) from sqlite_master").fetchone()[0] == 0
+    raw.close()
+    assert Store(path).schema_version == SCHEMA_VERSION
+
+
+def test_an_interrupted_upgrade_keeps_the_old_schema_and_upgrades_later(tmp_path, monkeypatch):
+    path = tmp_path / "runs.sqlite"
+    kept = Store(path).create_run(RunConfig(name="kept", noise_multiplier=1.0))
+    raw = sqlite3.connect(path)
+    raw.execute("drop table deleted_runs")
+    raw.execute("PRAGMA user_version = 1")
+    raw.commit()
+    raw.close()
+    _interrupt(monkeypatch, 2)
+    with pytest.raises(DPWError):
+        Store(path)
+    monkeypatch.undo()
+    raw = sqlite3.connect(path)
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert raw.execute("select name from sqlite_master where name = 'deleted_runs'").fetchone() is None
+    raw.close()
+    again = Store(path)
+    assert again.schema_version == SCHEMA_VERSION and again.get_run(kept)["name"] == "kept"
+
+
+def test_a_store_an_older_version_left_half_created_is_completed(tmp_path):
+    path = tmp_path / "runs.sqlite"
+    raw = sqlite3.connect(path)
+    raw.execute("create table [runs] ([id] INTEGER PRIMARY KEY, [name] TEXT, [status] TEXT, [config] TEXT)")
+    raw.commit()
+    raw.close()
+    assert Store(path).schema_version == SCHEMA_VERSION
+
+
+# ---- files that are not (usable) stores are refused and left unchanged -----------------------------
+def _sha(path) -> str:
+    import hashlib
+
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def test_a_text_file_is_refused_unchanged(tmp_path):
+    path = tmp_path / "notes.sqlite"
+    path.write_text("my notes\n")
+    with pytest.raises(DPWError, match="not an SQLite database"):
+        Store(path)
+    assert path.read_text() == "my notes\n"
+
+
+def test_another_applications_database_is_refused_unchanged(tmp_path):
+    path = tmp_path / "contacts.db"
+    raw = sqlite3.connect(path)
+    raw.execute("create table contacts(name text, phone text)")
+    raw.commit()
+    raw.close()
+    before = _sha(path)
+    with pytest.raises(DPWError, match="another application's SQLite database .*contacts"):
+        Store(path)
+    assert _sha(path) == before and not Path(f"{path}-wal").exists()
+
+
+def test_a_path_under_a_file_or_a_folder_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(DPWError, match="notes.txt is a file, not a folder"):
+        Store(tmp_path / "notes.txt" / "runs.sqlite")
+    with pytest.raises(DPWError, match="is a folder"):
+        Store(tmp_path)
+
+
+def test_a_damaged_store_is_never_written(tmp_path):
+    path = tmp_path / "runs.sqlite"
+    store = Store(path)
+    for i in range(40):
+        _run_with_rows(store, f"r{i}")
+    store.close()
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.seek(size // 2)
+        f.write(b"\x5a" * 4096)
+    before = _sha(path)
+    with pytest.raises(DPWError, match="is damaged") as refused:
+        Store(path).create_run(RunConfig(name="into the damage", noise_multiplier=1.0))
+    assert '.recover' in refused.value.hint
+    assert _sha(path) == before
+
+
+def test_a_read_only_store_reads_and_refuses_writes(tmp_path):
+    path = tmp_path / "runs.sqlite"
+    run_id = Store(path).create_run(RunConfig(name="kept", noise_multiplier=1.0))
+    before = _sha(path)
+    reader = Store(path, readonly=True)
+    assert reader.get_run(run_id)["name"] == "kept" and reader.list_runs()
+    with pytest.raises(DPWError, match="read-only"):
+        reader.create_run(RunConfig(name="new", noise_multiplier=1.0))
+    assert _sha(path) == before
+
+
+def test_a_writer_waits_for_a_held_write_lock(tmp_path):
+    import threading
+    import time
+
+    path = tmp_path / "runs.sqlite"
+    store = Store(path)
+    assert store.db.conn.execute("PRAGMA busy_timeout").fetchone()[0] >= 60_000
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(1.5, lambda: holder.execute("COMMIT"))
+    release.start()
+    started = time.monotonic()
+    run_id = store.create_run(RunConfig(name="waited", noise_multiplier=1.0))
+    release.join()
+    assert store.get_run(run_id)["name"] == "waited" and time.monotonic() - started > 0.5
