@@ -16,6 +16,7 @@ previous request and was opened again. End of input ends the process.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -64,14 +65,14 @@ def _build_report(store: Store, run_ref: Any, **options: Any) -> dict[str, Any]:
     return {"report": report, "html": render_html(report)}
 
 
-# What a client may ask for: the store's own reads and the few writes a window does.
-METHODS: dict[str, Callable[..., Any]] = {
-    name: getattr(Store, name)
-    for name in ("list_runs", "get_run", "find_run", "events", "metrics", "privacy", "votes", "artifacts",
-                 "deleted_runs", "table_counts", "update_run", "reconcile_orphans")
+# What a client may ask for: the store's own reads and the few writes a window does ...
+STORE_METHODS = frozenset({"list_runs", "get_run", "find_run", "events", "metrics", "privacy", "votes",
+                           "artifacts", "deleted_runs", "table_counts", "update_run", "reconcile_orphans"})
+# ... and what needs more than one Store call.
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "replay": replay, "create_run": _create_run, "remove_run": _remove_run, "export_run": _export_run,
+    "build_report": _build_report, "ping": lambda store: os.getpid(),
 }
-METHODS.update(replay=replay, create_run=_create_run, remove_run=_remove_run, export_run=_export_run,
-               build_report=_build_report, ping=lambda store: os.getpid())
 
 
 def error_reply(exc: BaseException) -> dict[str, Any]:
@@ -85,10 +86,14 @@ def answer(store: Store, request: dict[str, Any]) -> dict[str, Any]:
     try:
         if store.reopen_if_replaced():
             reply["reopened"] = True
-        method = METHODS.get(request.get("method", ""))
-        if method is None:
-            raise ValueError(f"unknown store method {request.get('method')!r}")
-        reply["result"] = method(store, *request.get("args", []), **request.get("kwargs", {}))
+        name = request.get("method", "")
+        if name in STORE_METHODS:
+            method = getattr(store, name)
+        elif name in FUNCTIONS:
+            method = functools.partial(FUNCTIONS[name], store)
+        else:
+            raise ValueError(f"unknown store method {name!r}")
+        reply["result"] = method(*request.get("args", []), **request.get("kwargs", {}))
     except Exception as exc:  # every failure goes back to the caller, the service keeps serving
         reply["error"] = error_reply(exc)
     return reply
