@@ -10,15 +10,17 @@ Three sources resolve through `load_dataset(name_or_path)`:
 
 Normalization contract (the export code relies on it)::
 
-    x_normalized = (x_raw - mean) / std
+    x_normalized = (clip(x_raw, low, high) - mean) / std
 
 with `mean`/`std` from `Dataset.normalization`, one entry per channel (images, broadcast over
-height and width) or per feature (tables). For images `x_raw` is in [0, 1] (8-bit pixels / 255)
-and mean = std = 0.5 for every channel: fixed constants, because statistics of the private
-training split would leave with the model without any guarantee. Tables are standardized with
-the population mean and standard deviation (ddof=0) of the train split (a feature that is
-constant there gets std 1.0); `normalization["source"]` says which, and the privacy report states
-that table statistics are not covered by the guarantee. `Dataset.normalize(x_raw)` applies exactly this.
+height and width) or per feature (tables); `low`/`high` are present only for tables with declared
+feature ranges (None: that feature is not clipped). For images `x_raw` is in [0, 1] (8-bit
+pixels / 255) and mean = std = 0.5 for every channel: fixed constants, because statistics of the
+private training split would leave with the model without any guarantee. Tables are scaled as
+engine.feature_scaling says: by default by declared ranges (data-independent), or by a DP estimate,
+or (`normalization="exact"`) by the train split's own statistics, which the privacy report says are
+not covered by the guarantee; `normalization["source"]` says which. `Dataset.normalize(x_raw)`
+applies exactly this.
 
 Datasets without a standard test split (built-ins, CSV, NPZ without `x_test`) are split with a
 stratified, seeded split (`stratified_split`): the same seed gives the same split on any machine.
@@ -26,10 +28,10 @@ stratified, seeded split (`stratified_split`): the same seed gives the same spli
 
 from __future__ import annotations
 
-import csv
+import dataclasses
+import functools
 import gzip
 import hashlib
-import io
 import math
 import os
 import struct
@@ -42,7 +44,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 # torch is imported inside the functions that make tensors: listing the registry needs no torch.
+from engine.csv_table import read_csv_table
 from engine.errors import ConfigError, DataError
+from engine.feature_scaling import FeatureBounds, parse_feature_bounds, table_scaling
 
 IMAGE = "image"
 TABLE = "table"
@@ -120,6 +124,10 @@ class Dataset:
         std = torch.tensor(self.normalization["std"], dtype=torch.float32)
         if self.kind == IMAGE:
             mean, std = mean.view(-1, 1, 1), std.view(-1, 1, 1)
+        if "low" in self.normalization:
+            low = torch.tensor([-math.inf if v is None else v for v in self.normalization["low"]])
+            high = torch.tensor([math.inf if v is None else v for v in self.normalization["high"]])
+            x = torch.maximum(torch.minimum(x, high), low)
         return (x - mean) / std
 
     def __repr__(self) -> str:
@@ -220,14 +228,23 @@ def load_dataset(
     test_fraction: float = 0.2,
     seed: int = 0,
     allow_download: bool = False,
+    normalization: str = "bounds",
+    feature_bounds: str | None = None,
+    statistics_noise_multiplier: float | None = None,
+    rng: np.random.Generator | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Dataset:
     """Load a registered dataset by name, or a user's `.csv` / `.npz` file by path.
 
     `test_fraction` and `seed` apply only where the data has no standard test split (built-ins,
     CSV, NPZ without x_test/y_test); `label_column` only to CSV; `data_dir` and `allow_download`
-    only to registered datasets that need files.
+    only to registered datasets that need files. `normalization`, `feature_bounds` (and for "dp"
+    `statistics_noise_multiplier` and the run's secret generator `rng`) say how tables are scaled
+    (engine.feature_scaling); images always use fixed constants. `progress(rows_done, rows_total)`
+    is called while a large CSV file loads.
     """
     _check_split_args(test_fraction, seed)
+    scaling = _ScalingRequest(normalization, parse_feature_bounds(feature_bounds), statistics_noise_multiplier, rng)
     info = _lookup(str(name_or_path)) if isinstance(name_or_path, str) else None
     if info is not None:
         assert info._loader is not None
@@ -238,6 +255,7 @@ def load_dataset(
             test_fraction=test_fraction,
             seed=seed,
             allow_download=allow_download,
+            scaling=scaling,
         )
 
     path = Path(name_or_path).expanduser()
@@ -248,8 +266,9 @@ def load_dataset(
         if not path.is_file():
             raise DataError(f"{path}: is a folder, not a {suffix} file; give the path of the file itself")
         if suffix == ".csv":
-            return _load_csv(path, label_column=label_column, test_fraction=test_fraction, seed=seed)
-        return _load_npz(path, test_fraction=test_fraction, seed=seed)
+            return _load_csv(path, label_column=label_column, test_fraction=test_fraction, seed=seed,
+                             scaling=scaling, progress=progress)
+        return _load_npz(path, test_fraction=test_fraction, seed=seed, scaling=scaling)
     if suffix or os.sep in str(name_or_path) or "/" in str(name_or_path):
         raise DataError(
             f"{name_or_path}: unsupported data file type {suffix or '(no extension)'!r}; "
@@ -343,6 +362,8 @@ def _split_or_fail(y: np.ndarray, *, test_fraction: float, seed: int, what: str)
 def _encode_labels(values: np.ndarray, *, what: str) -> tuple[np.ndarray, tuple[str, ...]]:
     """Map labels (ints, integral floats or strings) to 0..K-1 in sorted order; names are the originals."""
     values = np.asarray(values)
+    if values.dtype.kind == "U":
+        return _encode_text_labels(values, what=what)
     if values.dtype.kind in "biuf":
         numeric = values.astype(np.float64)
     else:
@@ -369,6 +390,22 @@ def _encode_labels(values: np.ndarray, *, what: str) -> tuple[np.ndarray, tuple[
     ints = numeric.astype(np.int64)
     classes, y = np.unique(ints, return_inverse=True)
     return y.astype(np.int64), tuple(str(int(c)) for c in classes)
+
+
+def _encode_text_labels(values: np.ndarray, *, what: str) -> tuple[np.ndarray, tuple[str, ...]]:
+    """_encode_labels for a numpy text array, vectorised (a million labels without a Python string each):
+    numbers when every label parses as a finite number, else names in sorted order."""
+    strings = np.char.strip(values)
+    try:
+        numeric = strings.astype(np.float64)
+    except ValueError:
+        numeric = None
+    if numeric is not None and np.all(np.isfinite(numeric)):
+        return _encode_labels(numeric, what=what)
+    classes, y = np.unique(strings, return_inverse=True)
+    if "" in classes:
+        raise DataError(f"{what}: some labels are empty; give every example a class")
+    return y.astype(np.int64).ravel(), tuple(str(c) for c in classes)
 
 
 def _need_two_classes(class_names: Sequence[str], *, what: str) -> None:
@@ -425,6 +462,16 @@ def _image_dataset(
     )
 
 
+@dataclass(frozen=True)
+class _ScalingRequest:
+    """How a table is to be scaled (engine.feature_scaling), as asked by the run."""
+
+    normalization: str = "bounds"
+    bounds: FeatureBounds = FeatureBounds()
+    noise_multiplier: float | None = None
+    rng: np.random.Generator | None = None
+
+
 def _table_dataset(
     *,
     name: str,
@@ -436,32 +483,30 @@ def _table_dataset(
     fingerprint: str,
     source: str,
     split: str,
+    scaling: _ScalingRequest,
+    feature_names: Sequence[str] | None = None,
+    train_rows: np.ndarray | None = None,
+    test_rows: np.ndarray | None = None,
 ) -> Dataset:
+    """A table dataset. With `train_rows`/`test_rows`, x_train and x_test are the same full array
+    and the rows select each split (no copy of the float64 data is made)."""
     import torch
 
     x_train = np.asarray(x_train, dtype=np.float64)
     x_test = np.asarray(x_test, dtype=np.float64)
-    mean = x_train.mean(axis=0)
-    std = x_train.std(axis=0)
-    std = np.where(std > 1e-12, std, 1.0)
-
-    def norm(x: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(((x - mean) / std).astype(np.float32))
-
+    names = tuple(feature_names) if feature_names is not None else tuple(str(i) for i in range(x_train.shape[1]))
+    transform = table_scaling(x_train, train_rows, names=names, normalization=scaling.normalization,
+                              bounds=scaling.bounds, noise_multiplier=scaling.noise_multiplier, rng=scaling.rng)
     return Dataset(
         name=name,
         kind=TABLE,
-        x_train=norm(x_train),
+        x_train=torch.from_numpy(transform.apply(x_train, train_rows)),
         y_train=torch.from_numpy(np.ascontiguousarray(y_train, dtype=np.int64)),
-        x_test=norm(x_test),
+        x_test=torch.from_numpy(transform.apply(x_test, test_rows)),
         y_test=torch.from_numpy(np.ascontiguousarray(y_test, dtype=np.int64)),
         input_shape=(x_train.shape[1],),
         num_classes=len(class_names),
-        normalization={
-            "mean": [float(v) for v in mean],
-            "std": [float(v) for v in std],
-            "source": "training split statistics (computed without noise: not covered by the guarantee)",
-        },
+        normalization=transform.as_dict(),
         fingerprint=fingerprint,
         class_names=tuple(class_names),
         source=source,
@@ -803,12 +848,16 @@ def _load_digits(info: DatasetInfo, *, test_fraction: float, seed: int, **_: obj
     )
 
 
-def _load_breast_cancer(info: DatasetInfo, *, test_fraction: float, seed: int, **_: object) -> Dataset:
+def _load_breast_cancer(info: DatasetInfo, *, test_fraction: float, seed: int, scaling: _ScalingRequest,
+                        **_: object) -> Dataset:
     from sklearn.datasets import load_breast_cancer
 
     bunch = load_breast_cancer()
     x = np.asarray(bunch.data, dtype=np.float64)
     y = np.asarray(bunch.target, dtype=np.int64)
+    names = tuple(str(n) for n in bunch.feature_names)
+    if not scaling.bounds.named and scaling.bounds.default is None:
+        scaling = dataclasses.replace(scaling, bounds=_published_ranges(bunch.DESCR, names))
     train, test = _split_or_fail(y, test_fraction=test_fraction, seed=seed, what=info.name)
     return _table_dataset(
         name=info.name,
@@ -820,7 +869,25 @@ def _load_breast_cancer(info: DatasetInfo, *, test_fraction: float, seed: int, *
         fingerprint=_hash_arrays("sklearn:breast_cancer", x, y),
         source="scikit-learn bundled (sklearn.datasets.load_breast_cancer)",
         split=_split_text(test_fraction, seed),
+        scaling=scaling,
+        feature_names=names,
     )
+
+
+def _published_ranges(description: str, names: tuple[str, ...]) -> FeatureBounds:
+    """The min/max table of the dataset's published description (its "Summary Statistics", one row
+    per feature in order): public documentation, used as the declared feature bounds by default."""
+    rows = []
+    for line in description.splitlines():
+        parts = line.rsplit(None, 2)
+        if len(parts) == 3 and parts[0].endswith(":"):
+            try:
+                rows.append((float(parts[1]), float(parts[2])))
+            except ValueError:
+                continue
+    if len(rows) != len(names):
+        return FeatureBounds()
+    return FeatureBounds(tuple((n, lo, hi) for n, (lo, hi) in zip(names, rows)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -828,104 +895,33 @@ def _load_breast_cancer(info: DatasetInfo, *, test_fraction: float, seed: int, *
 # --------------------------------------------------------------------------------------------
 
 
-def _load_csv(path: Path, *, label_column: str, test_fraction: float, seed: int) -> Dataset:
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text (bad byte at offset {e.start}); save the CSV as UTF-8") from e
-    reader = csv.reader(io.StringIO(text))
-    rows: list[tuple[int, list[str]]] = []
-    try:
-        for row in reader:
-            if row and any(cell.strip() for cell in row):
-                rows.append((reader.line_num, row))
-    except csv.Error as e:
-        raise DataError(
-            f"{path}, line {reader.line_num}: cannot parse as CSV ({e}); fix the quoting on that line"
-        ) from e
-    if not rows:
-        raise DataError(
-            f"{path}: the file is empty; expected a header row of column names (one of them {label_column!r}) "
-            f"and one row per example"
-        )
-    header = [h.strip() for h in rows[0][1]]
-    if label_column not in header:
-        hint = ""
-        if len(header) == 1 and any(sep in header[0] for sep in ";\t|"):
-            hint = " (the header looks like it uses ';', tab or '|' between columns; save the file with commas)"
-        raise DataError(
-            f"{path}: no label column {label_column!r}; the columns are: {', '.join(map(repr, header))}{hint}; "
-            f"set label_column to the column that holds the classes"
-        )
-    duplicates = sorted({h for h in header if header.count(h) > 1})
-    if duplicates:
-        raise DataError(f"{path}: column name(s) {', '.join(map(repr, duplicates))} appear more than once; rename them")
-    body = rows[1:]
-    if not body:
-        raise DataError(f"{path}: has a header but no data rows; add one row per example")
-    label_at = header.index(label_column)
-    feature_at = [i for i in range(len(header)) if i != label_at]
-    if not feature_at:
-        raise DataError(f"{path}: only the label column {label_column!r}; add at least one numeric feature column")
-    for line, row in body:
-        if len(row) != len(header):
-            raise DataError(
-                f"{path}, line {line}: {len(row)} values but the header has {len(header)} columns; "
-                f"every row needs one value per column"
-            )
-
-    cells = [[row[i] for i in feature_at] for _, row in body]
-    try:
-        x = np.array(cells, dtype=np.str_).astype(np.float64)
-        bad = None if np.all(np.isfinite(x)) else "nonfinite"
-    except ValueError:
-        bad = "text"
-    if bad is not None:
-        for (line, row), values in zip(body, cells):
-            for col, value in zip(feature_at, values):
-                name = header[col]
-                try:
-                    number = float(value)
-                except ValueError:
-                    shown = "is empty (a missing value)" if not value.strip() else f"{value.strip()!r} is not a number"
-                    raise DataError(
-                        f"{path}, line {line}, column {name!r}: {shown}; every column except the label column "
-                        f"{label_column!r} must hold numbers, so fill it in, drop the row, or encode/drop the column"
-                    ) from None
-                if not math.isfinite(number):
-                    raise DataError(
-                        f"{path}, line {line}, column {name!r}: {value.strip()!r} is not a finite number; "
-                        f"replace missing values (NaN) and infinities, or drop the row"
-                    )
-        raise DataError(f"{path}: cannot read the feature columns as numbers; check the file")  # pragma: no cover
-
-    labels = [row[label_at] for _, row in body]
-    for (line, _), value in zip(body, labels):
-        if not value.strip():
-            raise DataError(
-                f"{path}, line {line}, column {label_column!r}: the label is empty; give every row a class or drop it"
-            )
-    y, class_names = _encode_labels(np.array(labels, dtype=object), what=f"{path}, column {label_column!r}")
+def _load_csv(path: Path, *, label_column: str, test_fraction: float, seed: int, scaling: _ScalingRequest,
+              progress: Callable[[int, int], None] | None = None) -> Dataset:
+    table = read_csv_table(path, label_column=label_column, progress=progress)
+    y, class_names = _encode_labels(table.labels, what=f"{path}, column {label_column!r}")
     _need_two_classes(class_names, what=f"{path}, column {label_column!r}")
     train, test = _split_or_fail(y, test_fraction=test_fraction, seed=seed, what=str(path))
     return _table_dataset(
         name=path.name,
-        x_train=x[train],
+        x_train=table.features,
         y_train=y[train],
-        x_test=x[test],
+        x_test=table.features,
         y_test=y[test],
         class_names=class_names,
-        fingerprint=hashlib.sha256(data).hexdigest(),
+        fingerprint=table.sha256,
         source=str(path.absolute()),
         split=_split_text(test_fraction, seed),
+        scaling=scaling,
+        feature_names=table.feature_names,
+        train_rows=train,
+        test_rows=test,
     )
 
 
 _NPZ_LAYOUT = "arrays x (examples) and y (labels), optionally x_test and y_test"
 
 
-def _load_npz(path: Path, *, test_fraction: float, seed: int) -> Dataset:
+def _load_npz(path: Path, *, test_fraction: float, seed: int, scaling: _ScalingRequest) -> Dataset:
     try:
         archive = np.load(path, allow_pickle=False)
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
@@ -996,7 +992,7 @@ def _load_npz(path: Path, *, test_fraction: float, seed: int) -> Dataset:
         train, test = _split_or_fail(y_enc, test_fraction=test_fraction, seed=seed, what=str(path))
         x_tr, y_tr, x_te, y_te = x[train], y_enc[train], x[test], y_enc[test]
         split = _split_text(test_fraction, seed)
-    build = _image_dataset if is_image else _table_dataset
+    build = _image_dataset if is_image else functools.partial(_table_dataset, scaling=scaling)
     return build(
         name=path.name,
         x_train=x_tr,

@@ -34,14 +34,24 @@ class RawInputModel(nn.Module):
     Images: float tensors in [0, 1] shaped (B, C, H, W); tables: rows (B, F) as in the data file.
     """
 
-    def __init__(self, model: nn.Module, mean: list[float], std: list[float], input_shape: tuple[int, ...]):
+    def __init__(self, model: nn.Module, mean: list[float], std: list[float], input_shape: tuple[int, ...],
+                 low: list[float | None] | None = None, high: list[float | None] | None = None):
         super().__init__()
         self.model = model
         shape = (len(mean),) + (1,) * (len(input_shape) - 1) if len(input_shape) > 1 else (len(mean),)
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(shape))
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(shape))
+        # Tables with declared feature ranges: clip to them first (None: that feature is not clipped).
+        self.clips = low is not None and high is not None
+        if self.clips:
+            lows = [-float("inf") if v is None else v for v in low]
+            highs = [float("inf") if v is None else v for v in high]
+            self.register_buffer("low", torch.tensor(lows, dtype=torch.float32).view(shape))
+            self.register_buffer("high", torch.tensor(highs, dtype=torch.float32).view(shape))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.clips:
+            x = torch.maximum(torch.minimum(x, self.high), self.low)
         return self.model((x - self.mean) / self.std)
 
 
@@ -54,7 +64,8 @@ class TrainedModel:
 
     def raw_input_model(self) -> RawInputModel:
         norm = self.meta["normalization"]
-        return RawInputModel(self.model, norm["mean"], norm["std"], tuple(self.meta["input_shape"])).eval()
+        return RawInputModel(self.model, norm["mean"], norm["std"], tuple(self.meta["input_shape"]),
+                             norm.get("low"), norm.get("high")).eval()
 
 
 def load_trained_model(store: Store, run_ref: str | int, *, kind: str = "model") -> TrainedModel:
@@ -103,7 +114,8 @@ def model_card(trained: TrainedModel, files: dict[str, str], plan: dict[str, Any
             "values": "pixels scaled to [0, 1]" if image else "feature values as in the data file",
             "normalization": meta["normalization"],
             "normalization_applied_by": {
-                "model.safetensors": "you: x = (x_raw - mean) / std before the model",
+                "model.safetensors": "you: x = (x_raw - mean) / std before the model, after clipping x_raw to "
+                "[low, high] where the normalization gives them",
                 "model.pt2": "the program itself",
                 "model.onnx": "the program itself",
             },

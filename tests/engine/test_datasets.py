@@ -323,13 +323,26 @@ def test_digits_loads_as_8x8_images_scaled_to_unit_range():
     assert d.source.startswith("scikit-learn bundled")
 
 
-def test_breast_cancer_is_a_table_standardized_on_the_train_split():
+def test_breast_cancer_is_scaled_by_its_published_ranges_not_by_its_data():
+    """By default the 30 features are clipped to the min/max table of the dataset's published
+    description and mapped to [-1, 1]: the same transform whatever the training split."""
     d = load_dataset("breast_cancer")
     assert d.name == "breast-cancer" and d.kind == "table" and d.input_shape == (30,)
     assert d.num_train + d.num_test == 569 and d.class_names == ("malignant", "benign")
+    assert len(d.normalization["mean"]) == len(d.normalization["std"]) == 30
+    assert d.normalization["low"][0] == 6.981 and d.normalization["high"][0] == 28.11  # radius (mean)
+    assert d.x_train.min() >= -1.0 and d.x_train.max() <= 1.0 and d.x_train.std() > 0.2
+    other_split = load_dataset("breast_cancer", seed=5, test_fraction=0.5)
+    assert other_split.normalization == d.normalization
+    assert "independent of the data" in d.normalization["source"]
+
+
+def test_breast_cancer_exact_normalization_standardizes_the_train_split():
+    d = load_dataset("breast_cancer", normalization="exact")
     assert torch.allclose(d.x_train.mean(0), torch.zeros(30), atol=1e-5)
     assert torch.allclose(d.x_train.std(0, unbiased=False), torch.ones(30), atol=1e-4)
-    assert len(d.normalization["mean"]) == len(d.normalization["std"]) == 30
+    assert load_dataset("breast_cancer", normalization="exact", seed=5).normalization != d.normalization
+    assert "not covered by the guarantee" in d.normalization["source"]
 
 
 def test_split_is_seeded_and_stratified():
@@ -372,7 +385,7 @@ def test_stratified_split_partitions_keeps_proportions_and_a_train_example_per_c
 def test_csv_with_integer_labels(tmp_path: Path):
     rows = "\n".join(f"{i},{i * 2.5},{7 if i % 2 else 3}" for i in range(20))
     path = write_csv(tmp_path / "data.csv", "a,b,label\n" + rows + "\n")
-    d = load_dataset(str(path), seed=1)
+    d = load_dataset(str(path), seed=1, normalization="exact")
     assert d.name == "data.csv" and d.kind == "table" and d.input_shape == (2,)
     assert d.class_names == ("3", "7") and d.num_classes == 2
     assert d.num_train == 16 and d.num_test == 4
@@ -453,10 +466,14 @@ def test_npz_table_is_split_and_standardized(tmp_path: Path):
     rng = np.random.default_rng(0)
     path = tmp_path / "t.npz"
     np.savez(path, x=rng.normal(5, 3, size=(40, 4)), y=np.repeat(["no", "yes"], 20))
-    d = load_dataset(str(path))
+    d = load_dataset(str(path), normalization="exact")
     assert d.kind == "table" and d.input_shape == (4,) and d.class_names == ("no", "yes")
     assert d.num_train == 32 and d.num_test == 8
     assert torch.allclose(d.x_train.mean(0), torch.zeros(4), atol=1e-5)
+    # Declared bounds name NPZ features by index; "*" covers the rest.
+    b = load_dataset(str(path), feature_bounds="0=-4:14; *=0:10")
+    assert b.normalization["mean"] == [5.0, 5.0, 5.0, 5.0] and b.normalization["std"] == [9.0, 5.0, 5.0, 5.0]
+    assert b.x_train[:, 1:].min() >= -1.0 and b.x_train.max() <= 1.0
 
 
 def test_npz_uint8_images_are_scaled_and_given_a_channel(tmp_path: Path):
