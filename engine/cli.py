@@ -267,7 +267,7 @@ def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = Fals
     if run_row.get("mechanism") == "pate":
         if summary.get("epsilon_released") is not None:
             lines.append(f"  PATE ε         the smaller of data-independent {summary.get('epsilon_data_independent', float('nan')):.4g}"
-                         f" and released {summary['epsilon_released']:.4g} (both safe to publish)")
+                         f" and released {summary['epsilon_released']:.4g}" + (" (both safe to publish)" if eps.guarantee else ""))
         if summary.get("epsilon_data_dependent") is not None:
             lines.append(f"  diagnostic     data-dependent ε {summary['epsilon_data_dependent']:.4g} ({NOT_PUBLISHABLE})")
         if (summary.get("release") or {}).get("parameters_from_data"):
@@ -337,8 +337,10 @@ def list_runs(db: Path | None, as_json: bool) -> None:
 
     for r in rows:
         r.pop("accountant")
+        text = f"{r['epsilon']:.4g}" if r["epsilon"] is not None else None
         if r.pop("guarantee") is False and r["mechanism"] != "none":
-            r["epsilon"] = f"{r['epsilon']:.4g} ({NO_GUARANTEE})" if r["epsilon"] is not None else NO_GUARANTEE
+            text = f"{text} ({NO_GUARANTEE})" if text is not None else NO_GUARANTEE
+        r["epsilon"] = text
 
     click.echo(tabulate(rows, headers="keys", floatfmt=".4g", missingval="-"))
 
