@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -62,32 +61,32 @@ def seeded_torch_generator(seed: int, purpose: str, device: torch.device | str =
     return torch.Generator(device=device).manual_seed(seeded_int(seed, purpose))
 
 
-@dataclass
 class PrivateRandomness:
-    """A run's source of private randomness (see the module docstring). Create one per run."""
+    """A run's source of private randomness (see the module docstring). Create one per run.
 
-    noise_sampler: str = "standard"
-    reproducible: bool = False
-    _root: int = field(default=0, repr=False)  # the secret; never leaves this object
-    _handed_out: dict[str, int] = field(default_factory=dict, repr=False)
+    The constructor draws the secret itself (or derives it from `seed` when `reproducible_noise`):
+    there is no way to hand it a root, and it is neither printed nor pickled."""
+
+    def __init__(self, *, noise_sampler: str = "standard", reproducible_noise: bool = False, seed: int = 0):
+        if noise_sampler not in ("standard", "hardened"):
+            raise ValueError(f"noise_sampler must be 'standard' or 'hardened'; got {noise_sampler!r}")
+        self.noise_sampler = noise_sampler
+        self.reproducible = bool(reproducible_noise)
+        if self.reproducible:
+            words = np.random.SeedSequence([int(seed), SEED_DOMAIN]).generate_state(ROOT_BITS // 32, np.uint32)
+            self._root = int.from_bytes(words.astype("<u4").tobytes(), "little")
+        else:
+            self._root = secrets.randbits(ROOT_BITS)
+        self._handed_out: dict[str, int] = {}
 
     @classmethod
     def for_run(cls, config: Any) -> "PrivateRandomness":
         """Secret OS entropy by default; derived from `config.seed` with `reproducible_noise = true`."""
-        return cls.create(noise_sampler=config.noise_sampler, reproducible_noise=config.reproducible_noise,
-                          seed=config.seed)
+        return cls(noise_sampler=config.noise_sampler, reproducible_noise=config.reproducible_noise, seed=config.seed)
 
-    @classmethod
-    def create(cls, *, noise_sampler: str = "standard", reproducible_noise: bool = False,
-               seed: int = 0) -> "PrivateRandomness":
-        if noise_sampler not in ("standard", "hardened"):
-            raise ValueError(f"noise_sampler must be 'standard' or 'hardened'; got {noise_sampler!r}")
-        if reproducible_noise:
-            words = np.random.SeedSequence([int(seed), SEED_DOMAIN]).generate_state(ROOT_BITS // 32, np.uint32)
-            root = int.from_bytes(words.astype("<u4").tobytes(), "little")
-        else:
-            root = secrets.randbits(ROOT_BITS)
-        return cls(noise_sampler=noise_sampler, reproducible=bool(reproducible_noise), _root=root)
+    def __repr__(self) -> str:
+        source = "seeded" if self.reproducible else "secret"
+        return f"PrivateRandomness({source}, noise_sampler={self.noise_sampler!r})"
 
     def __getstate__(self):  # a pickled copy would carry the secret to wherever it is written
         raise TypeError("PrivateRandomness holds a run's secret and cannot be pickled")

@@ -122,7 +122,7 @@ def make_step(mode: str, initial: dict, args, n_train: int) -> Step:
     if mode in ("b", "b0", "bh"):
         if mode in ("b", "bh"):
             model = accelerate_model(model)
-        randomness = PrivateRandomness.create(noise_sampler="hardened" if mode == "bh" else "standard")
+        randomness = PrivateRandomness(noise_sampler="hardened" if mode == "bh" else "standard")
         step = DPSGDStep(
             model,
             torch.optim.SGD(model.parameters(), lr=LEARNING_RATE),

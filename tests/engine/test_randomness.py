@@ -45,28 +45,28 @@ def test_secret_streams_differ_between_runs_and_seeded_streams_repeat():
 
 
 def test_each_purpose_and_each_request_gets_its_own_stream():
-    source = PrivateRandomness.create(reproducible_noise=True, seed=1)
+    source = PrivateRandomness(reproducible_noise=True, seed=1)
     first, second = draws(source, "dpsgd_noise"), draws(source, "dpsgd_noise")
     sampling = draws(source, "poisson_sampling")
     assert not torch.equal(first, second) and not torch.equal(first, sampling)
     # ... in the same order in every reproducible run
-    again = PrivateRandomness.create(reproducible_noise=True, seed=1)
+    again = PrivateRandomness(reproducible_noise=True, seed=1)
     assert torch.equal(draws(again, "dpsgd_noise"), first) and torch.equal(draws(again, "dpsgd_noise"), second)
 
 
 def test_a_cpu_generator_state_is_not_one_a_64_bit_seed_reaches():
-    generator = PrivateRandomness.create().torch_generator("dpsgd_noise")
+    generator = PrivateRandomness().torch_generator("dpsgd_noise")
     from_seed = torch.Generator().manual_seed(generator.initial_seed())
     assert not torch.equal(generator.get_state(), from_seed.get_state())
     assert not torch.equal(torch.rand(100, generator=generator), torch.rand(100, generator=from_seed))
 
 
 def test_the_secret_is_not_printed_or_pickled():
-    source = PrivateRandomness.create()
+    source = PrivateRandomness()
     assert str(source._root) not in repr(source) and "root" not in repr(source)
     with pytest.raises(TypeError):
         pickle.dumps(source)
-    hardened = PrivateRandomness.create(noise_sampler="hardened").numpy_generator("pate_aggregation")
+    hardened = PrivateRandomness(noise_sampler="hardened").numpy_generator("pate_aggregation")
     assert isinstance(hardened, SecureGenerator) and "key" in repr(hardened) and hardened._key.hex() not in repr(hardened)
     with pytest.raises(TypeError):
         pickle.dumps(hardened)
@@ -83,7 +83,7 @@ def test_seed_derived_generators_accept_the_largest_seed():
     assert 0 <= seeded_int(seed, "baseline_order") < 2**64
     assert seeded_int(seed, "a") != seeded_int(seed, "b")
     torch.rand(3, generator=seeded_torch_generator(seed, "baseline_order"))
-    draws(PrivateRandomness.create(reproducible_noise=True, seed=seed))
+    draws(PrivateRandomness(reproducible_noise=True, seed=seed))
 
 
 # ---- the hardened generator ---------------------------------------------------------------------
@@ -177,7 +177,7 @@ def test_the_noise_cannot_be_rebuilt_from_the_seed_unless_reproducible(monkeypat
 
     def from_seed():  # the generators an attacker who knows the seed can build
         old = torch.Generator().manual_seed(seed * 2 + 2)  # the engine's former noise generator
-        new = PrivateRandomness.create(reproducible_noise=True, seed=seed)
+        new = PrivateRandomness(reproducible_noise=True, seed=seed)
         new.torch_generator("poisson_sampling")
         return old, new.torch_generator("dpsgd_noise")
 
