@@ -291,7 +291,10 @@ def build_report(store: Store, run_ref: str | int, *, include_votes: bool = Fals
             "expected_batch_size": config.get("expected_batch_size"),
             "clipping_norm": run.get("clipping_norm"),
             "noise_multiplier": run.get("noise_multiplier"),
-            "noise_calibrated_from_target_epsilon": plan.get("noise_calibrated"),
+            "noise_calibrated_from_target_epsilon": plan.get("noise_calibrated")
+            and not config.get("target_attack_tpr"),
+            "noise_calibrated_from_target_attack_tpr": plan.get("noise_calibrated")
+            and bool(config.get("target_attack_tpr")),
             "steps": run.get("steps_done"),
             "steps_planned": run.get("steps_planned"),
             "epochs": run.get("epochs_done"),
@@ -441,9 +444,9 @@ def render_html(report: dict[str, Any]) -> str:
                  f"generated {_fmt(report['generated'])}.</p>")
     parts.append("<h2>Guarantee</h2>")
     if guarantee.get("epsilon") is not None and not guarantee.get("holds", True):
-        parts.append(f"<p class='private'>{html.escape(NO_GUARANTEE_STATEMENT)}.<br><span style='font-weight:normal'>"
-                     f"The accountant's ε = {guarantee['epsilon']:.4g}, δ = {guarantee['delta']:.3g} would hold only "
-                     f"with secret noise. {html.escape(guarantee['statement'])}</span></p>")
+        rest = guarantee["statement"].removeprefix(NO_GUARANTEE_STATEMENT)
+        parts.append(f"<p class='private'><b>{html.escape(NO_GUARANTEE_STATEMENT)}</b><span style='font-weight:normal'>"
+                     f"{html.escape(rest)}</span></p>")
         parts.append(_table({k: guarantee[k] for k in ("unit_of_privacy", "neighbouring_relation", "accountant",
                                                        "accountant_version", "accountant_description")}))
     elif guarantee.get("epsilon") is not None:

@@ -297,7 +297,7 @@ def test_a_reproducible_noise_run_carries_no_guarantee_anywhere(private_runs, tm
     assert report["guarantee"]["statement"].startswith(NO_GUARANTEE_STATEMENT)
     assert report["guarantee"]["holds"] is False
     assert report["randomness"] == {"privacy_noise": "seeded", "noise_sampler": "standard"}
-    assert texts["report.html"].split("<h2>Guarantee</h2>", 1)[1].startswith(f"<p class='private'>{NO_GUARANTEE_STATEMENT}")
+    assert texts["report.html"].split("<h2>Guarantee</h2>", 1)[1].startswith(f"<p class='private'><b>{NO_GUARANTEE_STATEMENT}</b>")
     card = json.loads(texts["model_card.json"])
     assert card["privacy"]["statement"].startswith(NO_GUARANTEE_STATEMENT) and card["privacy"]["holds"] is False
     assert card["randomness"]["privacy_noise"] == "seeded"
