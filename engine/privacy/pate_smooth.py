@@ -434,6 +434,9 @@ def data_independent_parameters(
     threshold: float | None = None,
     sigma1: float | None = None,
     sigma2: float | None = None,
+    order: float | None = None,
+    beta: float | None = None,
+    sigma_ss: float | None = None,
     orders=PATE_ORDERS,
 ) -> ReleaseParameters:
     """Release parameters from public quantities only, so the release covers their choice.
@@ -447,7 +450,8 @@ def data_independent_parameters(
     aggregator, at `delta`. Nothing here depends on the private data. On synthetic votes with
     Beta(6, 1) teacher agreement at the pate-mnist settings (250 teachers, T 200, sigma1 150,
     sigma2 40, 1,100 queries) the released epsilon with zero noise is 2.40 against 2.13 with the
-    parameters chosen from those votes (4.12 data-independent).
+    parameters chosen from those votes (4.12 data-independent). Any of `order`, `beta`, `sigma_ss`
+    given is kept and the others are chosen for it.
     """
     if mechanism not in ("gnmax", "confident"):
         raise ValueError(f"the smooth-sensitivity release covers 'gnmax' and 'confident'; got {mechanism!r}")
@@ -465,11 +469,14 @@ def data_independent_parameters(
     unanimous[0, 0] = n
     params = dict(mechanism=mechanism, sigma=sigma, threshold=threshold, sigma1=sigma1, sigma2=sigma2)
     # Every reference query is the same, so the run's cost and local sensitivity are q times one query's.
-    costs = pate.query_costs(votes=unanimous, orders=orders, **params)
-    _, best = pate._epsilon_rows(q * costs.data_dependent.sum(axis=0)[None, :], costs.orders, d)
-    alpha = float(best[0])
+    if order is None:
+        costs = pate.query_costs(votes=unanimous, orders=orders, **params)
+        _, best = pate._epsilon_rows(q * costs.data_dependent.sum(axis=0)[None, :], costs.orders, d)
+        alpha = float(best[0])
+    else:
+        alpha = float(pate._orders(order)[0])
     at = pate.query_costs(votes=unanimous, orders=[alpha], **params)
     total_ls = q * _total_local_sensitivity(at, unanimous, num_teachers=n, order=alpha, sigma=sigma,
                                             threshold=threshold, sigma1=sigma1, sigma2=sigma2)
-    b, s_ss, _ = _choose_beta_sigma(total_ls, alpha, q * float(at.data_dependent.sum()), None, None)
+    b, s_ss, _ = _choose_beta_sigma(total_ls, alpha, q * float(at.data_dependent.sum()), beta, sigma_ss)
     return ReleaseParameters(order=alpha, beta=b, sigma_ss=s_ss)
