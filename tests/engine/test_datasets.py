@@ -612,3 +612,79 @@ def test_svhn_mat_files_are_read_through_torchvision_with_ten_as_zero(tmp_path: 
     d = load_dataset("svhn", data_dir=tmp_path)
     assert d.input_shape == (3, 32, 32) and d.num_train == 5 and d.y_train.tolist() == [0, 1, 2, 0, 9]
     assert torch.allclose(d.x_train[2], d.normalize(x[:, :, :, 2].transpose(2, 0, 1) / 255.0), atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------
+# CSV streaming (engine.csv_table): several chunks, progress, errors found deep in a file
+# ------------------------------------------------------------------------------------------
+
+
+def _big_csv(path: Path, rows: int, *, bad_line: int | None = None, bad_value: str = "oops") -> Path:
+    """Rows 'i, i/7, label' (label = i % 3); line numbers count the header as line 1."""
+    lines = ["x,y,label"]
+    for i in range(rows):
+        y = bad_value if bad_line is not None and i + 2 == bad_line else f"{i / 7:.6f}"
+        lines.append(f"{i},{y},{i % 3}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_csv_of_several_chunks_loads_every_row_in_order_and_reports_progress(tmp_path: Path):
+    from engine.csv_table import CHUNK_ROWS, PROGRESS_ROWS
+
+    rows = PROGRESS_ROWS + 2 * CHUNK_ROWS + 17
+    path = _big_csv(tmp_path / "big.csv", rows)
+    calls: list[tuple[int, int]] = []
+    d = load_dataset(str(path), normalization="bounds", feature_bounds=f"x=0:{rows}; y=0:{rows}",
+                     progress=lambda done, total: calls.append((done, total)))
+    assert d.num_train + d.num_test == rows
+    assert d.fingerprint == hashlib.sha256(path.read_bytes()).hexdigest()
+    # Undo the scaling: every row index comes back once, with its label and its y = x / 7.
+    x = torch.cat([d.x_train, d.x_test]).double() * rows / 2 + rows / 2
+    index = torch.round(x[:, 0]).long()
+    assert sorted(index.tolist()) == list(range(rows))
+    assert torch.allclose(x[:, 1], index.double() / 7, atol=0.02)  # float32 steps of ~0.006 at this scale
+    assert torch.equal(torch.cat([d.y_train, d.y_test]), index % 3)
+    assert calls and calls[-1] == (rows, rows)
+    assert all(b[0] > a[0] for a, b in zip(calls, calls[1:]))
+
+
+def test_csv_bad_value_deep_in_the_file_names_its_line(tmp_path: Path):
+    from engine.csv_table import CHUNK_ROWS
+
+    line = 3 * CHUNK_ROWS + 5
+    path = _big_csv(tmp_path / "d.csv", 4 * CHUNK_ROWS, bad_line=line)
+    with pytest.raises(DataError, match=rf"d\.csv, line {line}, column 'y': 'oops' is not a number"):
+        load_dataset(str(path))
+    path = _big_csv(tmp_path / "e.csv", 2 * CHUNK_ROWS, bad_line=CHUNK_ROWS + 9, bad_value="inf")
+    with pytest.raises(DataError, match=rf"line {CHUNK_ROWS + 9}, column 'y': 'inf' is not a finite number"):
+        load_dataset(str(path))
+
+
+def test_csv_line_numbers_count_blank_lines_quoted_newlines_and_a_bom(tmp_path: Path):
+    text = '\ufeffx,note,label\r\n1,2,0\r\n\r\n,,\r\n"3","4",1\r\n"5\n",6,1\r\n7,x,0\r\n'
+    path = tmp_path / "d.csv"
+    path.write_bytes(text.encode("utf-8"))
+    with pytest.raises(DataError, match=r"line 8, column 'note': 'x' is not a number"):
+        load_dataset(str(path))
+    path.write_bytes(text.replace("7,x,0", "7,8,0").encode("utf-8"))
+    d = load_dataset(str(path), normalization="exact", test_fraction=0.25)
+    assert d.num_train + d.num_test == 4 and d.class_names == ("0", "1")
+
+
+def test_csv_not_utf8_names_the_byte_offset(tmp_path: Path):
+    path = tmp_path / "latin1.csv"
+    path.write_bytes(b"x,label\n" + b"1,0\n" * 50_000 + b"2,caf\xe9\n")
+    with pytest.raises(DataError, match=r"not UTF-8 text \(bad byte at offset 200013\)"):
+        load_dataset(str(path))
+
+
+def test_csv_label_in_the_middle_and_text_labels(tmp_path: Path):
+    path = tmp_path / "d.csv"
+    path.write_text("a,kind,b\n" + "".join(f"{i},{'cat' if i % 2 else 'dog'},{2 * i}\n" for i in range(30)))
+    d = load_dataset(str(path), label_column="kind", normalization="exact")
+    assert d.class_names == ("cat", "dog") and d.input_shape == (2,)
+    raw = torch.cat([d.x_train, d.x_test]) * torch.tensor(d.normalization["std"]) + torch.tensor(d.normalization["mean"])
+    assert torch.allclose(raw[:, 1], 2 * raw[:, 0], atol=1e-4)
+    names = [d.class_names[i] for i in torch.cat([d.y_train, d.y_test]).tolist()]
+    assert names == ["cat" if round(v) % 2 else "dog" for v in raw[:, 0].tolist()]
