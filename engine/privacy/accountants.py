@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from engine.privacy import _validate
+from engine.privacy.feature_stats import gaussian_rdp
 from engine.privacy.pld import pld_epsilon
 from engine.privacy.rdp import DEFAULT_ORDERS, _conversion_offset, _epsilon_per_order, compute_rdp, rdp_to_epsilon
 from engine.privacy.types import Epsilon
@@ -47,13 +48,27 @@ def dpsgd_epsilon(
     steps: int,
     delta: float,
     accountant: str = "pld",
+    statistics_noise_multiplier: float | None = None,
 ) -> Epsilon:
-    """Upper bound on epsilon at `delta` after `steps` DP-SGD steps (Poisson rate q, multiplier sigma)."""
+    """Upper bound on epsilon at `delta` after `steps` DP-SGD steps (Poisson rate q, multiplier sigma).
+
+    With `statistics_noise_multiplier`, one release of the Gaussian mechanism with that noise
+    multiplier (the DP feature statistics, engine.privacy.feature_stats) is composed with the
+    training by adding RDP [Mironov 2017, Prop. 1]; the result is then an "rdp" bound whatever
+    `accountant` asks for (the PLD accountant composes only the training steps).
+    """
     name = _accountant(accountant)
-    if name == "pld":
+    if statistics_noise_multiplier is None and name == "pld":
         return pld_epsilon(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps, delta=delta)
     rdp = compute_rdp(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps)
-    return rdp_to_epsilon(orders=DEFAULT_ORDERS, rdp=rdp, delta=delta)
+    return rdp_to_epsilon(orders=DEFAULT_ORDERS, rdp=rdp + _statistics_rdp(statistics_noise_multiplier), delta=delta)
+
+
+def _statistics_rdp(statistics_noise_multiplier: float | None) -> np.ndarray:
+    """RDP at DEFAULT_ORDERS of the feature statistics' release (0 when there is none)."""
+    if statistics_noise_multiplier is None:
+        return np.zeros(DEFAULT_ORDERS.size)
+    return gaussian_rdp(noise_multiplier=statistics_noise_multiplier, orders=DEFAULT_ORDERS)
 
 
 def epsilon_curve(*, sample_rate: float, noise_multiplier: float, steps: int, delta: float) -> np.ndarray:
@@ -84,11 +99,15 @@ class LiveAccountant:
         acc.epsilon_reported().value  # PLD bound, at epoch ends and at the end
     """
 
-    def __init__(self, *, sample_rate: float, noise_multiplier: float, delta: float):
+    def __init__(self, *, sample_rate: float, noise_multiplier: float, delta: float,
+                 statistics_noise_multiplier: float | None = None):
         self._q = _validate.sample_rate(sample_rate)
         self._sigma = _validate.noise_multiplier(noise_multiplier)
         self._delta = _validate.delta(delta)
         self._per_step = compute_rdp(sample_rate=self._q, noise_multiplier=self._sigma, steps=1)
+        # Released before the first step (DP feature statistics): counted from step 0 on, RDP only.
+        self._statistics_noise_multiplier = statistics_noise_multiplier
+        self._fixed = _statistics_rdp(statistics_noise_multiplier)
         self._offset = _conversion_offset(DEFAULT_ORDERS, self._delta)
         self._steps = 0
         self._reported: dict[str, tuple[int, Epsilon]] = {}
@@ -116,7 +135,7 @@ class LiveAccountant:
 
     def epsilon(self) -> Epsilon:
         """RDP upper bound after the steps so far (equal to dpsgd_epsilon(accountant="rdp"))."""
-        eps = _epsilon_per_order(DEFAULT_ORDERS, self._steps * self._per_step, self._delta, self._offset)
+        eps = _epsilon_per_order(DEFAULT_ORDERS, self._steps * self._per_step + self._fixed, self._delta, self._offset)
         best = int(np.argmin(eps))
         value = float(eps[best])
         if math.isinf(value):
@@ -130,7 +149,8 @@ class LiveAccountant:
         if cached is not None and cached[0] == self._steps:
             return cached[1]
         result = dpsgd_epsilon(
-            sample_rate=self._q, noise_multiplier=self._sigma, steps=self._steps, delta=self._delta, accountant=name
+            sample_rate=self._q, noise_multiplier=self._sigma, steps=self._steps, delta=self._delta, accountant=name,
+            statistics_noise_multiplier=self._statistics_noise_multiplier,
         )
         self._reported[name] = (self._steps, result)
         return result
@@ -150,6 +170,7 @@ def max_steps_within_budget(
     budget: float,
     accountant: str = "pld",
     upper: int | None = None,
+    statistics_noise_multiplier: float | None = None,
 ) -> int:
     """Largest T with dpsgd_epsilon(T) <= budget (0 if one step already exceeds it).
 
@@ -157,18 +178,23 @@ def max_steps_within_budget(
     falsi with bisection safeguards: the result satisfies eps(T) <= budget < eps(T + 1). For
     "pld" the RDP answer (cheap, and RDP epsilon >= PLD epsilon) starts the bracket. With
     `upper`, at most `upper` is returned; without it, a budget that is never exhausted within
-    2^40 steps (e.g. sample_rate 0) is a ValueError.
+    2^40 steps (e.g. sample_rate 0) is a ValueError. `statistics_noise_multiplier`: as dpsgd_epsilon
+    (RDP composition; 0 steps when the statistics alone exceed the budget).
     """
     q = _validate.sample_rate(sample_rate)
     sigma = _validate.noise_multiplier(noise_multiplier)
     d = _validate.delta(delta)
     eps_budget = _validate.epsilon(budget, "budget")
-    name = _accountant(accountant)
+    name = _accountant(accountant) if statistics_noise_multiplier is None else "rdp"
     cap = _MAX_STEPS_SEARCH if upper is None else _validate.steps(upper)
     per_step = compute_rdp(sample_rate=q, noise_multiplier=sigma, steps=1)
+    fixed = _statistics_rdp(statistics_noise_multiplier)
 
     def rdp_eps(t: int) -> float:
-        return max(float(_epsilon_per_order(DEFAULT_ORDERS, t * per_step, d).min()), 0.0)
+        return max(float(_epsilon_per_order(DEFAULT_ORDERS, t * per_step + fixed, d).min()), 0.0)
+
+    if rdp_eps(0) > eps_budget:
+        return 0
 
     def pld_eps(t: int) -> float:
         return pld_epsilon(sample_rate=q, noise_multiplier=sigma, steps=t, delta=d).value
@@ -196,6 +222,7 @@ def calibrate_noise_multiplier(
     delta: float,
     accountant: str = "pld",
     tolerance: float = 1e-3,
+    statistics_noise_multiplier: float | None = None,
 ) -> float:
     """Smallest noise multiplier, on the grid of multiples of `tolerance`, with epsilon <= target.
 
@@ -204,13 +231,14 @@ def calibrate_noise_multiplier(
     rounded up so the target is met. Searched in NOISE_MULTIPLIER_RANGE = [0.1, 1000]. For "pld"
     the RDP answer (cheap; RDP epsilon >= PLD epsilon) brackets the search. ValueError when the
     target cannot be met within the range, or is already met at its lower end.
+    `statistics_noise_multiplier`: as dpsgd_epsilon (the target then covers both, by RDP).
     """
     q = _validate.sample_rate(sample_rate)
     t = _validate.steps(steps)
     d = _validate.delta(delta)
     target = _validate.epsilon(target_epsilon, "target_epsilon")
     tol = _validate.positive("tolerance", tolerance)
-    name = _accountant(accountant)
+    name = _accountant(accountant) if statistics_noise_multiplier is None else "rdp"
     lo_sigma, hi_sigma = NOISE_MULTIPLIER_RANGE
     if tol > 0.1:
         raise ValueError(f"tolerance must be in (0, 0.1] (noise multiplier units); got {tolerance!r}")
@@ -230,7 +258,8 @@ def calibrate_noise_multiplier(
 
     def eps_on(which: str) -> Callable[[int], float]:
         return lambda x: dpsgd_epsilon(
-            sample_rate=q, noise_multiplier=sigma_of(x), steps=t, delta=d, accountant=which
+            sample_rate=q, noise_multiplier=sigma_of(x), steps=t, delta=d, accountant=which,
+            statistics_noise_multiplier=statistics_noise_multiplier,
         ).value
 
     def already_met(eps_bottom: float) -> ValueError:
