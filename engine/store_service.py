@@ -28,16 +28,43 @@ from engine.store import Store
 
 
 def replay(store: Store, run_id: int) -> dict[str, Any]:
-    """What a window needs to redraw a stored run, in one read: its row, its metric and privacy rows
-    as (name, step, value) triples, and its other events."""
+    """What a window needs to redraw a stored run, in one read: its row, its metric and privacy
+    curves as {name: [steps, values]} (columns: a tenth of the JSON of one object per row), and
+    its other events, progress thinned to what a replay shows (engine.store_service.thin_progress)."""
     run = store.get_run(run_id)
     conn = store.db.conn
     metrics = conn.execute("select name, step, value from metrics where run_id = ? order by name, step, rowid",
                            [run_id]).fetchall()
     privacy = conn.execute("select accountant, step, epsilon from privacy where run_id = ? "
                            "order by accountant, step, rowid", [run_id]).fetchall()
-    events = store.events(run_id, exclude=("metric", "privacy", "started"))
-    return {"run": run, "metrics": metrics, "privacy": privacy, "events": events}
+    events = thin_progress(store.events(run_id, exclude=("metric", "privacy", "started")))
+    return {"run": run, "metrics": _columns(metrics), "privacy": _columns(privacy), "events": events}
+
+
+def _columns(rows: list[tuple]) -> dict[str, list[list[Any]]]:
+    curves: dict[str, list[list[Any]]] = {}
+    for name, step, value in rows:
+        curve = curves.get(name)
+        if curve is None:
+            curve = curves[name] = [[], []]
+        curve[0].append(step)
+        curve[1].append(value)
+    return curves
+
+
+def thin_progress(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop progress events between the first and the last of a phase: a replay shows only where
+    a phase started and where it got to (a run emits one per step)."""
+    kept = []
+    for i, event in enumerate(events):
+        if event["type"] == "progress" and kept:
+            following = events[i + 1] if i + 1 < len(events) else None
+            phase = event.get("phase")
+            if (kept[-1]["type"] == "progress" and kept[-1].get("phase") == phase and following is not None
+                    and following["type"] == "progress" and following.get("phase") == phase):
+                continue
+        kept.append(event)
+    return kept
 
 
 def _create_run(store: Store, config: dict[str, Any]) -> int:

@@ -198,8 +198,9 @@ class RunData:
         row = stored["run"]
         data = cls(run_id=run_id, name=row["name"], mechanism=row["mechanism"], status=row["status"],
                    config=row.get("config") or {})
-        _fill(data.metrics, stored["metrics"])
-        _fill(data.privacy, stored["privacy"])
+        for table, curves in ((data.metrics, stored["metrics"]), (data.privacy, stored["privacy"])):
+            for name, (steps, values) in curves.items():
+                cls.series(table, name).extend(steps, np.array(values, dtype=float))  # None -> nan
         for event in stored["events"]:
             data.apply(event, live=False)
         data.status = row["status"]
@@ -209,16 +210,3 @@ class RunData:
                 data.messages.append(Message("error", row["error"], row.get("error_hint")))
         data.version += 1
         return data
-
-
-def _fill(table: dict[str, Series], rows: list[tuple]) -> None:
-    if not rows:
-        return
-    names = [r[0] for r in rows]
-    xs = np.array([r[1] for r in rows], dtype=float)
-    ys = np.array([np.nan if r[2] is None else r[2] for r in rows], dtype=float)
-    start = 0
-    for i in range(1, len(rows) + 1):
-        if i == len(rows) or names[i] != names[start]:
-            RunData.series(table, names[start]).extend(xs[start:i], ys[start:i])
-            start = i

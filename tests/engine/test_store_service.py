@@ -155,3 +155,16 @@ def test_the_helper_ends_with_its_window_even_a_killed_one(tmp_path):
     else:
         pytest.fail("the store helper outlived its window")
     assert integrity(db) == "ok"
+
+
+def test_a_replay_keeps_where_each_phase_started_and_got_to():
+    from engine.store_service import thin_progress
+
+    events = [{"type": "plan"}]
+    events += [{"type": "progress", "phase": "train", "done": i, "total": 9} for i in range(10)]
+    events += [{"type": "warning", "message": "w"}]
+    events += [{"type": "progress", "phase": "eval", "done": i, "total": 3} for i in range(4)]
+    kept = thin_progress(events)
+    assert [(e["type"], e.get("phase"), e.get("done")) for e in kept] == [
+        ("plan", None, None), ("progress", "train", 0), ("progress", "train", 9), ("warning", None, None),
+        ("progress", "eval", 0), ("progress", "eval", 3)]
