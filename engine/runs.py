@@ -19,9 +19,9 @@ from torch import nn
 from engine.config import RunConfig
 from engine.datasets import Dataset, load_dataset
 from engine.dpsgd import trainer
-from engine.errors import BudgetError, ModelSaveError
+from engine.errors import BudgetError, ConfigError, ModelSaveError
 from engine.models import build_model, check_dp_compatible, default_model_for
-from engine.randomness import randomness_summary
+from engine.randomness import PrivateRandomness, randomness_summary
 
 Emit = Callable[..., Any]
 
@@ -177,6 +177,7 @@ def prepare(config: RunConfig, *, emit: Emit = _noop) -> PreparedRun:
     PATE runs (mechanism "pate") get an `engine.pate.run.PreparedPATERun`, with the same
     train() / run_fields() / finish() interface.
     """
+    dp_statistics = config.normalization == "dp" and config.mechanism == "dpsgd"
     data = load_dataset(
         config.dataset,
         data_dir=config.data_dir,
@@ -184,7 +185,15 @@ def prepare(config: RunConfig, *, emit: Emit = _noop) -> PreparedRun:
         test_fraction=config.test_fraction,
         seed=config.seed,
         allow_download=config.allow_download,
+        normalization=config.normalization,
+        feature_bounds=config.feature_bounds,
+        statistics_noise_multiplier=config.normalization_noise_multiplier if dp_statistics else None,
+        rng=PrivateRandomness.for_run(config).numpy_generator("normalization_noise") if dp_statistics else None,
+        progress=lambda done, total: emit("progress", phase="loading", done=done, total=total),
     )
+    if dp_statistics and data.kind != "table":
+        raise ConfigError("normalization", f"'dp' estimates statistics of tables; {data.name} is an image dataset "
+                          "with fixed constants", hint="use 'bounds' (the default) for image datasets")
     if config.train_subset is not None and config.train_subset < data.num_train:
         data = train_subset(data, config.train_subset, seed=config.seed)
     if config.mechanism == "pate":

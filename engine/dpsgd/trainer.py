@@ -44,6 +44,7 @@ class PrivacyPlan:
     accountant: str
     steps_allowed: int  # by the budget; == steps_planned when no budget binds
     calibrated: bool = False
+    statistics_noise_multiplier: float | None = None  # normalization = "dp": released before step 1
 
     @property
     def private(self) -> bool:
@@ -71,6 +72,9 @@ def plan_privacy(config: RunConfig, num_train: int, emit: Emit | None = None) ->
         return PrivacyPlan(q, steps, None, config.delta, config.accountant, steps)
     sigma = config.noise_multiplier
     calibrated = False
+    # DP feature statistics are composed with the training by RDP (engine.privacy.feature_stats).
+    statistics = config.normalization_noise_multiplier if config.normalization == "dp" else None
+    accountant = "rdp" if statistics is not None else config.accountant
     if sigma is None:
         if emit:
             emit("progress", phase="calibrating", done=0, total=1)
@@ -79,7 +83,8 @@ def plan_privacy(config: RunConfig, num_train: int, emit: Emit | None = None) ->
             steps=steps,
             target_epsilon=config.target_epsilon,
             delta=config.delta,
-            accountant=config.accountant,
+            accountant=accountant,
+            statistics_noise_multiplier=statistics,
         )
         calibrated = True
     allowed = steps
@@ -89,11 +94,12 @@ def plan_privacy(config: RunConfig, num_train: int, emit: Emit | None = None) ->
             noise_multiplier=sigma,
             delta=config.delta,
             budget=config.epsilon_budget,
-            accountant=config.accountant,
+            accountant=accountant,
             upper=steps,
+            statistics_noise_multiplier=statistics,
         )
         allowed = min(allowed, steps)
-    return PrivacyPlan(q, steps, sigma, config.delta, config.accountant, allowed, calibrated)
+    return PrivacyPlan(q, steps, sigma, config.delta, accountant, allowed, calibrated, statistics)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -245,7 +251,8 @@ def train(
         step_fn = NonPrivateStep(model, optimizer)
     live = (
         privacy.LiveAccountant(
-            sample_rate=plan.sample_rate, noise_multiplier=plan.noise_multiplier, delta=plan.delta
+            sample_rate=plan.sample_rate, noise_multiplier=plan.noise_multiplier, delta=plan.delta,
+            statistics_noise_multiplier=plan.statistics_noise_multiplier,
         )
         if plan.private
         else None
