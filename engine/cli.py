@@ -119,8 +119,9 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
     config = config.replace(**changes) if changes else config
     from engine.precheck import check_before_storing
 
-    check_before_storing(config)
     store = open_store(db)
+    store.check_writable()  # a store that cannot take the run says so before the data is loaded
+    check_before_storing(config)
     run_id = store.create_run(config)
     status = follow_runner(store.path, run_id, as_json=as_json, store=store)
     run_row = store.get_run(run_id)

@@ -276,7 +276,7 @@ class Store:
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction: BEGIN IMMEDIATE (wait for the write lock up to the busy timeout),
         COMMIT, or ROLLBACK on any exception."""
-        self._check_writable()
+        self.check_writable()
         conn = self.db.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -288,7 +288,7 @@ class Store:
                     conn.execute("ROLLBACK")
             raise
 
-    def _check_writable(self) -> None:
+    def check_writable(self) -> None:
         """Refuse writes to a read-only store, and to a damaged one (never insert into a corrupt
         file): `PRAGMA quick_check` once, before this connection's first write."""
         if not self.writable:

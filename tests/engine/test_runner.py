@@ -187,6 +187,25 @@ def test_target_epsilon_is_met_by_the_calibrated_noise(tmp_path):
     assert plan["noise_calibrated"] is True and plan["noise_multiplier"] == run["noise_multiplier"]
 
 
+def test_target_attack_tpr_is_met_by_the_calibrated_noise(tmp_path):
+    """target_attack_tpr instead of target_epsilon: the run's noise keeps the best membership attack at
+    TPR <= 5% at FPR 1% (f-DP bound of its PLD), and 0.001 less noise would not."""
+    from engine.privacy.risk import dpsgd_privacy_profile, highest_tpr
+
+    store, run_id = queue(tmp_path, name="t", dataset="digits", target_attack_tpr=0.05, expected_batch_size=64,
+                          epochs=2, learning_rate=0.5)
+    assert start_runner(store.path, run_id).wait(timeout=120) == 0
+    run = store.get_run(run_id)
+    plan = next(e for e in store.events(run_id) if e["type"] == "plan")
+    assert plan["noise_calibrated"] is True and plan["noise_multiplier"] == run["noise_multiplier"]
+
+    def tpr(sigma: float) -> float:
+        profile = dpsgd_privacy_profile(sample_rate=plan["sample_rate"], noise_multiplier=sigma, steps=plan["steps"])
+        return float(highest_tpr(profile=profile, fpr=[0.01])[0])
+
+    assert tpr(run["noise_multiplier"]) <= 0.05 < tpr(run["noise_multiplier"] - 0.001)
+
+
 def test_concurrent_runners_share_the_cores(tmp_path, monkeypatch):
     from engine.runner import threads_for
 
@@ -218,3 +237,33 @@ def test_the_runner_records_its_thread_count(tmp_path, monkeypatch):
     assert proc.returncode == 0, proc.stderr
     plan = next(e for e in store.events(run_id) if e["type"] == "plan")
     assert plan["threads"] == 1
+
+
+def test_pate_stopped_while_the_teachers_vote_accounts_for_the_answered_queries(tmp_path, monkeypatch):
+    """A stop that lands inside the teachers' voting (InterruptedError) still analyses the queries
+    answered before it, so the run states the privacy they spent."""
+    import io
+
+    import engine.pate.run as pate_run
+    from engine.events import EventWriter
+    from engine.runs import prepare, store_votes
+
+    monkeypatch.setattr(pate_run, "QUERY_CHUNK", 100)  # one batch per chunk: the stop lands in the next vote
+    config = RunConfig(name="pate-stop", dataset="digits", mechanism="pate", num_teachers=5, teacher_epochs=2,
+                       teacher_batch_size=16, optimizer="adam", learning_rate=0.01, aggregator="confident",
+                       threshold=4.0, sigma1=1.5, sigma2=1.0, num_queries=300, delta=1e-4, student_epochs=1)
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = store.create_run(config)
+    prepared = prepare(config, emit=EventWriter(run_id, stream=io.StringIO(), sink=store.record_event).emit)
+    store_votes(prepared, store, run_id)
+    stop, store_rows = [False], prepared.vote_sink
+
+    def store_then_stop(rows):
+        store_rows(rows)
+        stop[0] = True
+
+    prepared.vote_sink = store_then_stop
+    result = prepared.train(should_stop=lambda: stop[0])
+    assert result.stop_reason == "stopped" and result.queries_processed == 100
+    assert result.answered == sum(v["answered"] for v in store.votes(run_id)) and result.analysis is not None
+    assert prepared.run_fields(result)["epsilon"] is not None

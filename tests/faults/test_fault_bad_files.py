@@ -4,6 +4,7 @@ status 1 or 2, no traceback, and the file is unchanged (sha256). Reads of a read
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 import subprocess
@@ -177,3 +178,17 @@ def test_export_into_a_path_under_a_file_gets_one_line(tmp_path, trained):
     notes.write_text("keep me")
     one_line_error(dpw("export", run_id, "--db", db, "--out", notes / "sub"), "notes.txt")
     assert notes.read_text() == "keep me"
+
+
+def test_a_model_that_cannot_be_saved_keeps_the_results_and_names_the_path(tmp_path):
+    db = store_with_history(tmp_path / "runs.sqlite")
+    (tmp_path / "artifacts").write_text("a file where the models' folder would go")
+    run_id = Store(db).create_run(RunConfig(**DIGITS))
+    proc = start_runner(db, run_id)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in err
+    run = check_ledger(db)[run_id]
+    assert run["status"] == "failed" and str(tmp_path / "artifacts" / f"run-{run_id}" / "model.pt") in run["error"]
+    assert "bug" not in run["error_hint"] and "kept" in run["error_hint"]
+    assert run["steps_done"] == 23 and run["stop_reason"] == "completed" and run["accuracy"] is not None
+    assert json.loads(run["summary"])["test_accuracy"] == run["accuracy"]
