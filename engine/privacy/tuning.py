@@ -167,7 +167,8 @@ def repeat_and_select_rdp(
         eps_hat = np.log1p(1.0 / (alphas - 1.0))
         delta_hat = _delta_from_rdp(alphas, values, eps_hat)
         if pure is not None:
-            rr = np.maximum(math.exp(pure) - np.exp(eps_hat), 0.0) / (1.0 + math.exp(pure))
+            # (e^eps - e^eps_hat) / (1 + e^eps), written so that a large eps cannot overflow
+            rr = np.maximum(-np.expm1(eps_hat - pure), 0.0) / (1.0 + math.exp(-pure))
             delta_hat = np.minimum(delta_hat, rr)
         with np.errstate(invalid="ignore"):
             out = values + mu * delta_hat + math.log(mu) / (alphas - 1.0)

@@ -88,8 +88,8 @@ def test_never_above_dp_accounting_at_the_default_orders(shape, dp_accounting_ep
 def test_pure_dp_candidate_gives_two_plus_shape_times_epsilon(shape, eps, mu):
     """[PS22]: an eps-DP candidate with K ~ D_{eta, gamma} gives a (2 + eta) eps-DP study (eta = 1,
     geometric: Liu & Talwar's 3 eps). Pure DP is RDP at order -> infinity; at order 1e9 the
-    remaining log(E[K])/(lambda - 1) is below 1e-8. Theorem 2 with lhat = 1/gamma's order can be
-    smaller still when log(1/gamma) < eps, never larger."""
+    remaining log(E[K])/(lambda - 1) is below 1e-8. Where log(1/gamma) < eps, Theorem 2 at a finite
+    lhat gives less than the corollary; never more."""
     lam = 1e9
     out = repeat_and_select_rdp(orders=[lam], rdp=[eps], mean_runs=mu, shape=shape, pure_epsilon=eps)[0]
     corollary = (2 + shape) * eps + math.log(mu) / (lam - 1)
