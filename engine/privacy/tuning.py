@@ -142,6 +142,8 @@ def repeat_and_select_rdp(
     """RDP at `orders` of running a candidate K times and releasing only the best [PS22].
 
     `rdp` is one candidate's RDP curve at `orders` (its training and its score release together).
+    Candidates whose settings are drawn at random per run (random search) are covered by the
+    pointwise maximum of their curves (Renyi divergence is jointly quasi-convex [vEH14]).
     Truncated negative binomial (shape eta > -1) [PS22, Thm. 2], for each order lambda:
         rdp(lambda) + (1+eta) min_lhat [(1 - 1/lhat) rdp(lhat) + log(1/gamma)/lhat] + log(E[K])/(lambda-1),
     lhat over `orders` (and lhat = inf, giving (1+eta) eps, for an eps-DP candidate).
