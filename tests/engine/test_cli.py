@@ -106,7 +106,9 @@ def test_run_list_and_show_on_a_tiny_real_run(tmp_path):
     listed = json.loads(dpw("list", "--db", db, "--json").stdout)
     assert len(listed) == 1
     row = listed[0]
-    assert set(row) == {"id", "name", "mechanism", "dataset", "status", "epsilon", "delta", "budget", "accuracy"}
+    assert set(row) == {"id", "name", "mechanism", "dataset", "status", "epsilon", "delta", "budget", "accuracy",
+                        "accountant", "guarantee"}
+    assert row["accountant"] == "pld" and row["guarantee"] is True
     assert row["status"] == "finished" and row["epsilon"] > 0 and 0 <= row["accuracy"] <= 1
 
     shown = json.loads(dpw("show", "tiny", "--db", db, "--json").stdout)

@@ -158,10 +158,16 @@ def test_report_json_has_every_field_and_agrees_with_the_store(runs, tmp_path):
     assert report["contains_private_data"] is False and report["private_data_notice"] is None
 
 
-def test_table_report_says_its_normalization_is_not_covered(runs):
+def test_table_report_says_when_its_normalization_is_not_covered(runs):
+    from engine.report import caveats
+
     store, all_runs = runs
-    report = build_report(store, all_runs["table"][0], figures=False)
-    assert any("normalization" in c and "not covered" in c for c in report["caveats"])
+    report = build_report(store, all_runs["table"][0], figures=False)  # declared bounds by default
+    assert not any("normalization" in c and "not covered" in c for c in report["caveats"])
+    exact = {"normalization": {"source": "training split statistics (computed without noise: not covered by the "
+                                         "guarantee)"}}
+    run = store.get_run(all_runs["table"][0])
+    assert any("normalization" in c and "not covered" in c for c in caveats(run, exact))
 
 
 def test_non_private_baseline_report_states_no_guarantee(runs):
