@@ -23,7 +23,7 @@ from engine.errors import DPWError
 
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 60.0
-CALL_TIMEOUT_S = 120.0  # a busy store waits 10 s per statement (busy_timeout); beyond this it is stuck
+CALL_TIMEOUT_S = 180.0  # longer than the store's busy timeout (a write waits for another's lock); beyond: stuck
 READS = frozenset({"list_runs", "get_run", "find_run", "events", "metrics", "privacy", "votes", "artifacts",
                    "deleted_runs", "table_counts", "replay", "ping", "build_report", "reconcile_orphans"})
 _ENDED = object()  # the helper's output ended
