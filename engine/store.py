@@ -389,10 +389,16 @@ class Store:
         return _decode_run(row)
 
     def find_run(self, ref: str | int) -> dict[str, Any]:
-        """A run by id, or by name (the newest run of that name)."""
+        """A run by id, or by name (the newest run of that name); an all-digit reference that is no
+        run's id is looked up as a name (a run named "42")."""
         if isinstance(ref, int) or str(ref).isdigit():
-            return self.get_run(int(ref))
-        rows = list(self.db["runs"].rows_where("name = ?", [ref], order_by="id desc", limit=1))
+            try:
+                return self.get_run(int(ref))
+            except DPWError:
+                if isinstance(ref, int) or not self.db.conn.execute(
+                        "select 1 from runs where name = ?", [str(ref)]).fetchone():
+                    raise
+        rows = list(self.db["runs"].rows_where("name = ?", [str(ref)], order_by="id desc", limit=1))
         if not rows:
             raise DPWError(f"no run named {ref!r} in {self.path}", hint="`dpw list` shows the runs")
         return _decode_run(rows[0])

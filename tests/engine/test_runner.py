@@ -267,3 +267,36 @@ def test_pate_stopped_while_the_teachers_vote_accounts_for_the_answered_queries(
     assert result.stop_reason == "stopped" and result.queries_processed == 100
     assert result.answered == sum(v["answered"] for v in store.votes(run_id)) and result.analysis is not None
     assert prepared.run_fields(result)["epsilon"] is not None
+
+
+def test_an_infinite_epsilon_never_cuts_the_event_stream(tmp_path):
+    """noise_multiplier = 0.0001 gives epsilon = inf: every event still reaches the reader, the run
+    finishes (exit 0) and states epsilon inf."""
+    store, run_id = queue(tmp_path, name="tiny-sigma", dataset="digits", noise_multiplier=0.0001, delta=1e-4,
+                          expected_batch_size=128, epochs=1, learning_rate=0.5)
+    proc = start_runner(store.path, run_id)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    events = [e for e in map(decode, out.splitlines()) if e]
+    assert len(events) == store.table_counts(run_id)["events"]
+    assert events[-1]["type"] == "finished" and events[-1]["status"] == "finished"
+    assert any(e["type"] == "privacy" and e["epsilon"] == float("inf") for e in events)
+    assert store.get_run(run_id)["epsilon"] == float("inf")
+
+
+def test_pate_teachers_with_a_non_finite_loss_stop_the_run_before_any_query(tmp_path):
+    rows = ["f1,f2,label"] + [f"{1e308 * (-1) ** i},{-1e308},{i % 2}" for i in range(200)]
+    csv = tmp_path / "huge.csv"
+    csv.write_text("\n".join(rows) + "\n")
+    store, run_id = queue(tmp_path, name="pate-nan", dataset=str(csv), mechanism="pate", num_teachers=2,
+                          teacher_epochs=2, teacher_batch_size=16, aggregator="gnmax", gnmax_sigma=1.0,
+                          num_queries=20, delta=1e-4, student_epochs=1)
+    proc = start_runner(store.path, run_id)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1
+    events = [e for e in map(decode, out.splitlines()) if e]
+    assert events[-1]["type"] == "finished" and events[-1]["status"] == "failed"
+    run = store.get_run(run_id)
+    assert "teachers' training diverged" in run["error"] and run["epsilon"] is None
+    counts = store.table_counts(run_id)
+    assert counts["votes"] == 0 and counts["privacy"] == 0

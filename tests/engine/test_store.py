@@ -64,6 +64,14 @@ def test_find_run_by_name_takes_the_newest(store):
         store.find_run("other")
 
 
+def test_a_run_named_with_digits_is_found_by_name_when_no_id_matches(store):
+    named = store.create_run(RunConfig(name="42", noise_multiplier=1.0))
+    assert store.find_run("42")["id"] == named == 1
+    assert store.find_run("1")["id"] == 1
+    with pytest.raises(DPWError, match="no run with id 7"):
+        store.find_run("7")
+
+
 def test_run_whose_process_died_is_marked_failed(store):
     run_id = store.create_run(RunConfig(name="lost", noise_multiplier=1.0))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
