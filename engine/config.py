@@ -211,6 +211,34 @@ class RunConfig:
         mechanisms=("dpsgd",),
         group="privacy",
     )
+    target_attack_tpr: float | None = _spec(
+        None,
+        label="Target attack TPR",
+        help="Calibrate the noise multiplier so that no membership attack can reach a higher true-positive "
+        "rate than this at the attack FPR (the f-DP bound of the PLD accountant). Set this, a target "
+        "epsilon or a noise multiplier.",
+        kind=float,
+        minimum=0.0,
+        maximum=1.0,
+        exclusive_minimum=True,
+        exclusive_maximum=True,
+        optional=True,
+        unit="TPR",
+        mechanisms=("dpsgd",),
+        group="privacy",
+    )
+    target_attack_fpr: float = _spec(
+        0.01,
+        label="Attack FPR",
+        help="The false-positive rate at which the target attack TPR holds (used only with it).",
+        kind=float,
+        minimum=0.0,
+        maximum=0.5,
+        exclusive_minimum=True,
+        unit="FPR",
+        mechanisms=("dpsgd",),
+        group="privacy",
+    )
     clipping_norm: float = _spec(
         1.0,
         label="Clipping norm",
@@ -617,7 +645,8 @@ def collect_errors(values: dict[str, Any]) -> list[ConfigError]:
         return errors
     if values.get("mechanism") == "dpsgd":
         sigma, target = values.get("noise_multiplier"), values.get("target_epsilon")
-        if sigma is None and target is None:
+        attack_tpr = values.get("target_attack_tpr")
+        if sigma is None and target is None and attack_tpr is None:
             errors.append(
                 ConfigError(
                     "noise_multiplier",
@@ -631,6 +660,32 @@ def collect_errors(values: dict[str, Any]) -> list[ConfigError]:
                     "target_epsilon",
                     "set either noise_multiplier or target_epsilon, not both",
                     hint="the noise multiplier is calibrated from the target epsilon",
+                )
+            )
+        elif attack_tpr is not None and (sigma is not None or target is not None):
+            errors.append(
+                ConfigError(
+                    "target_attack_tpr",
+                    "set only one of noise_multiplier, target_epsilon and target_attack_tpr",
+                    hint="the noise multiplier is calibrated from the target attack TPR",
+                )
+            )
+        if attack_tpr is not None and values.get("normalization") == "dp":
+            errors.append(
+                ConfigError(
+                    "target_attack_tpr",
+                    "the attack bound covers the training steps only; normalization = 'dp' also spends privacy "
+                    "on feature statistics",
+                    hint="use normalization = 'bounds', or target_epsilon (which composes both)",
+                )
+            )
+        attack_fpr = values.get("target_attack_fpr", 0.01)
+        if attack_tpr is not None and attack_fpr is not None and attack_tpr <= attack_fpr:
+            errors.append(
+                ConfigError(
+                    "target_attack_tpr",
+                    f"{attack_tpr:g} is not above the attack FPR {attack_fpr:g}: guessing already reaches TPR = FPR",
+                    hint="raise target_attack_tpr or lower target_attack_fpr",
                 )
             )
         budget = values.get("epsilon_budget")

@@ -210,11 +210,11 @@ def prepare(config: RunConfig, *, emit: Emit = _noop) -> PreparedRun:
     try:
         plan = trainer.plan_privacy(config, data.num_train, emit)
     except ValueError as exc:
-        if config.target_epsilon is None:
+        if config.target_epsilon is None and config.target_attack_tpr is None:
             raise
         # The settings ask for a privacy level no noise in the supported range gives: the user's choice.
-        raise BudgetError(str(exc), hint="raise target_epsilon or delta, or lower epochs or expected_batch_size"
-                          ) from None
+        target = "target_epsilon or delta" if config.target_attack_tpr is None else "target_attack_tpr"
+        raise BudgetError(str(exc), hint=f"raise {target}, or lower epochs or expected_batch_size") from None
     emit(
         "plan",
         model=model_name,

@@ -36,6 +36,19 @@ def estimate(config: RunConfig, size: DataSize) -> str:
         eps = dpsgd_epsilon(sample_rate=q, noise_multiplier=sigma, steps=steps, delta=config.delta,
                             accountant=config.accountant).value
         text = f"ε = {eps:.3g} at δ = {config.delta:g} after training ({config.accountant}); {plan}."
+    elif config.target_attack_tpr is not None:
+        from engine.privacy.risk import calibrate_noise_multiplier_for_attack
+
+        try:
+            sigma = calibrate_noise_multiplier_for_attack(
+                sample_rate=q, steps=steps, target_tpr=config.target_attack_tpr, fpr=config.target_attack_fpr)
+        except ValueError as exc:
+            return f"Cannot calibrate: {exc}"
+        eps = dpsgd_epsilon(sample_rate=q, noise_multiplier=sigma, steps=steps, delta=config.delta,
+                            accountant=config.accountant).value
+        text = (f"Noise multiplier σ = {sigma:.3f} keeps any membership attack at "
+                f"TPR ≤ {config.target_attack_tpr:g} at FPR {config.target_attack_fpr:g} "
+                f"(ε = {eps:.3g} at δ = {config.delta:g}, {config.accountant}); {plan}.")
     else:
         try:
             sigma = calibrate_noise_multiplier(sample_rate=q, steps=steps, target_epsilon=config.target_epsilon,

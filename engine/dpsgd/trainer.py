@@ -78,14 +78,22 @@ def plan_privacy(config: RunConfig, num_train: int, emit: Emit | None = None) ->
     if sigma is None:
         if emit:
             emit("progress", phase="calibrating", done=0, total=1)
-        sigma = privacy.calibrate_noise_multiplier(
-            sample_rate=q,
-            steps=steps,
-            target_epsilon=config.target_epsilon,
-            delta=config.delta,
-            accountant=accountant,
-            statistics_noise_multiplier=statistics,
-        )
+        if config.target_attack_tpr is not None:
+            sigma = privacy.calibrate_noise_multiplier_for_attack(
+                sample_rate=q,
+                steps=steps,
+                target_tpr=config.target_attack_tpr,
+                fpr=config.target_attack_fpr,
+            )
+        else:
+            sigma = privacy.calibrate_noise_multiplier(
+                sample_rate=q,
+                steps=steps,
+                target_epsilon=config.target_epsilon,
+                delta=config.delta,
+                accountant=accountant,
+                statistics_noise_multiplier=statistics,
+            )
         calibrated = True
     allowed = steps
     if config.epsilon_budget is not None:

@@ -169,7 +169,8 @@ def dpsgd_privacy_profile(
         return PrivacyProfile(epsilons=np.zeros(1), deltas=np.zeros(1))
     if sigma == 0.0:
         return PrivacyProfile(epsilons=np.zeros(1), deltas=np.ones(1))
-    directions = [_grid_profile(_pld._compose_direction(q, sigma, t, h, add, _pld._WINDOW_TAIL)) for add in (False, True)]
+    composed = (_pld._compose_direction(q, sigma, t, h, add, _pld._WINDOW_TAIL) for add in (False, True))
+    directions = [_grid_profile(c) for c in composed]
     eps = np.unique(np.concatenate([grid for grid, _ in directions]))
     deltas = np.max([_interpolate_profile(grid, values, eps) for grid, values in directions], axis=0)
     return PrivacyProfile(epsilons=eps, deltas=np.minimum(deltas, 1.0))

@@ -39,6 +39,10 @@ def test_config_hash_is_stable_and_ignores_the_name():
         ({}, "noise_multiplier", ["noise multiplier or a target epsilon"]),
         ({"noise_multiplier": 1.0, "target_epsilon": 2.0}, "target_epsilon", ["not both"]),
         ({"target_epsilon": 5.0, "epsilon_budget": 3.0}, "target_epsilon", ["exceeds the epsilon budget 3"]),
+        ({"noise_multiplier": 1.0, "target_attack_tpr": 0.05}, "target_attack_tpr", ["only one of"]),
+        ({"target_attack_tpr": 0.005}, "target_attack_tpr", ["0.005", "not above the attack FPR 0.01"]),
+        ({"target_attack_tpr": 1.0}, "target_attack_tpr", ["1", "< 1"]),
+        ({"target_attack_tpr": 0.05, "normalization": "dp"}, "target_attack_tpr", ["feature statistics"]),
     ],
 )
 def test_invalid_values_are_refused_with_field_value_and_range(values, field, words):

@@ -327,7 +327,8 @@ def test_privacy_risk_table_rounds_every_figure_up():
     "args,message",
     [
         (["--sample-rate", "1.5", "--noise-multiplier", "1", "--steps", "10", "--delta", "1e-5"], "--sample-rate"),
-        (["--sample-rate", "0.1", "--noise-multiplier", "-1", "--steps", "10", "--delta", "1e-5"], "--noise-multiplier"),
+        (["--sample-rate", "0.1", "--noise-multiplier", "-1", "--steps", "10", "--delta", "1e-5"],
+         "--noise-multiplier"),
         (["--sample-rate", "0.1", "--noise-multiplier", "1", "--steps", "10", "--delta", "1"], "--delta"),
     ],
 )

@@ -95,6 +95,14 @@ def test_cost_preview_computes_epsilon_off_the_gui_thread(form, qtbot):
     qtbot.waitUntil(lambda: "Noise multiplier σ" in form.preview_label.text(), timeout=20000)
 
 
+def test_cost_preview_states_the_attack_bound_a_target_attack_tpr_calls_for(form, qtbot):
+    form.set_value("noise_multiplier", "")
+    form.set_value("epochs", "1")
+    form.set_value("target_attack_tpr", "0.05")
+    qtbot.waitUntil(lambda: "membership attack at TPR ≤ 0.05 at FPR 0.01" in form.preview_label.text(), timeout=20000)
+    assert "Noise multiplier σ" in form.preview_label.text()
+
+
 def test_form_round_trips_a_toml_config(form, tmp_path):
     config = RunConfig.load_toml("resources/examples/pate-mnist-quick.toml")
     form.load_config(config)
