@@ -108,21 +108,26 @@ def sample_num_runs(*, rng: np.random.Generator, mean_runs: float, shape: float,
 
     shape = inf: Poisson(mean_runs), possibly 0 (then no run is made and nothing is released).
     Otherwise the truncated negative binomial D_{shape, gamma} with gamma from
-    truncated_negative_binomial_gamma, K >= 1, by inversion of its distribution function (one
-    uniform per draw; the table of probabilities grows only as far as the largest draw).
-    Returns an int, or an int array of shape `size`.
+    truncated_negative_binomial_gamma, K >= 1. Both by inversion of the distribution function,
+    one `rng.random()` uniform per draw, so a numpy Generator and the hardened SecureGenerator of
+    engine.randomness serve alike. Returns an int, or an int array of shape `size`.
     """
-    if not isinstance(rng, np.random.Generator):
-        raise ValueError(f"rng must be a numpy.random.Generator (the study's secret generator); got {type(rng).__name__}")
+    if not callable(getattr(rng, "random", None)):
+        raise ValueError(
+            "rng must be a generator with a random(size) method (numpy.random.Generator or "
+            f"engine.randomness.SecureGenerator: the study's secret stream); got {type(rng).__name__}"
+        )
     eta = _shape(shape)
     mu = _mean_runs(mean_runs)
-    if math.isinf(eta):
-        draws = rng.poisson(mu, size=size)
-    elif mu == 1.0:
+    if mu == 1.0 and not math.isinf(eta):
         draws = np.ones(size, dtype=np.int64) if size is not None else 1
     else:
-        u = rng.random(size=size)
-        draws = _inverse_cdf(eta, _log_inverse_gamma(eta, mu), np.atleast_1d(u)).reshape(np.shape(u))
+        u = np.asarray(rng.random(size=size), dtype=float)
+        if math.isinf(eta):
+            log_pmf, first = _poisson_log_pmf(mu), 0
+        else:
+            log_pmf, first = _tnb_log_pmf(eta, _log_inverse_gamma(eta, mu)), 1
+        draws = _inverse_cdf(log_pmf, first, np.atleast_1d(u)).reshape(u.shape)
     if size is None:
         return int(draws)
     return np.asarray(draws, dtype=np.int64)
@@ -297,34 +302,38 @@ def _log_inverse_gamma(eta: float, mu: float) -> float:
     return float(optimize.brentq(gap, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500))
 
 
-def _inverse_cdf(eta: float, log_inv_gamma: float, u: np.ndarray) -> np.ndarray:
-    """The smallest k >= 1 with P[K <= k] > u, for each u in [0, 1), K ~ D_{eta, gamma}.
-
-    P[K = k] = (1-gamma)^k Gamma(k+eta) / (Gamma(1+eta) k!) / normaliser, computed in logs by
-    blocks of k that double in length (up to _MAX_BLOCK, so memory stays bounded; the time is
-    linear in the largest draw, less than running that many candidates) until every u is placed. If rounding leaves a u above the
-    last representable cumulative sum (probability ~1e-16), it gets the last k reached.
-    """
+def _tnb_log_pmf(eta: float, log_inv_gamma: float):
+    """k -> log P[K = k] for K ~ D_{eta, gamma}: (1-gamma)^k Gamma(k+eta) / (Gamma(1+eta) k!) / normaliser."""
     log_one_minus_gamma = math.log(-math.expm1(-log_inv_gamma))
-    log_norm = _log_normaliser(eta, log_inv_gamma)
+    constant = special.gammaln(1.0 + eta) + _log_normaliser(eta, log_inv_gamma)
+    return lambda k: k * log_one_minus_gamma + special.gammaln(k + eta) - special.gammaln(k + 1.0) - constant
+
+
+def _poisson_log_pmf(mu: float):
+    """k -> log P[K = k] for K ~ Poisson(mu)."""
+    log_mu = math.log(mu)
+    return lambda k: k * log_mu - mu - special.gammaln(k + 1.0)
+
+
+def _inverse_cdf(log_pmf, first: int, u: np.ndarray) -> np.ndarray:
+    """The smallest k >= first with P[K <= k] > u, for each u in [0, 1], K unimodal on first, first+1, ...
+
+    The probabilities are computed in logs by blocks of k that double in length (up to _MAX_BLOCK,
+    so memory stays bounded; the time is linear in the largest draw, less than running that many
+    candidates) until every u is placed. A u above the last cumulative sum that rounding can reach
+    (probability ~1e-16) gets the k where the decreasing tail stopped adding anything.
+    """
     out = np.zeros(u.shape, dtype=np.int64)
     pending = np.arange(u.size)
-    start, length, total = 1, 1024, 0.0
+    start, length, total = first, 1024, 0.0
     while pending.size:
-        k = np.arange(start, start + length, dtype=float)
-        log_pmf = (
-            k * log_one_minus_gamma
-            + special.gammaln(k + eta)
-            - special.gammaln(1.0 + eta)
-            - special.gammaln(k + 1.0)
-            - log_norm
-        )
-        cdf = total + np.cumsum(np.exp(log_pmf))
+        block_log_pmf = log_pmf(np.arange(start, start + length, dtype=float))
+        cdf = total + np.cumsum(np.exp(block_log_pmf))
         idx = np.searchsorted(cdf, u[pending], side="right")
         placed = idx < length
         out[pending[placed]] = start + idx[placed]
         pending = pending[~placed]
-        if cdf[-1] <= total:  # the remaining mass is below rounding: nothing more to add
+        if cdf[-1] <= total and block_log_pmf[-1] < block_log_pmf[-2]:  # past the mode, adding nothing
             out[pending] = start + length - 1
             break
         total = float(cdf[-1])
