@@ -59,6 +59,9 @@ def test_a_cpu_generator_state_is_not_one_a_64_bit_seed_reaches():
     from_seed = torch.Generator().manual_seed(generator.initial_seed())
     assert not torch.equal(generator.get_state(), from_seed.get_state())
     assert not torch.equal(torch.rand(100, generator=generator), torch.rand(100, generator=from_seed))
+    # ... and the filled state still gives uniform and Gaussian draws
+    assert stats.kstest(torch.rand(100_000, generator=generator).double().numpy(), "uniform").pvalue > 1e-4
+    assert stats.kstest(torch.randn(100_000, generator=generator).double().numpy(), "norm").pvalue > 1e-4
 
 
 def test_the_secret_is_not_printed_or_pickled():
