@@ -110,3 +110,30 @@ def test_four_dpw_run_at_once_on_one_store_all_train(tmp_path):
     assert [runs[i]["status"] for i in (3, 4, 5, 6)] == ["finished"] * 4
     assert all(runs[i]["epsilon"] is not None for i in (3, 4, 5, 6))
     assert snapshot(db, [1, 2]) == before
+
+
+def test_a_store_first_opened_on_a_full_disk_is_refused_in_one_line_and_opens_once_there_is_room(tmp_path):
+    """A real full file system (a 200 KB tmpfs; needs the right to mount, else skipped): the schema
+    creation fails as a whole, and the same path works once space is freed."""
+    import subprocess
+
+    disk = tmp_path / "small-disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", disk], capture_output=True).returncode:
+        import pytest
+
+        pytest.skip("mounting a small tmpfs needs root with mount rights")
+    try:
+        filler = disk / "filler"
+        with open(filler, "wb") as f:  # leave about 60 KB: too little for a new store's first transaction
+            f.write(b"\0" * (140 * 1024))
+        db = disk / "runs.sqlite"
+        refused = dpw("list", "--db", db)
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+        assert "full" in refused.stderr and "bug" not in refused.stderr
+        filler.unlink()
+        listed = dpw("list", "--db", db)
+        assert listed.returncode == 0 and "no runs yet" in listed.stdout, listed.stderr
+        assert Store(db).schema_version == SCHEMA_VERSION
+    finally:
+        subprocess.run(["umount", "-l", disk], capture_output=True)
