@@ -22,7 +22,7 @@ def _queued(tmp_path, values) -> tuple:
     return db, before, Store(db).create_run(RunConfig(**values))
 
 
-@pytest.mark.parametrize("seed", [11, 12, 13])
+@pytest.mark.parametrize("seed", [11, 12])
 def test_kill_9_of_a_dpsgd_runner_at_a_random_step_keeps_the_privacy_spent(tmp_path, seed):
     db, before, run_id = _queued(tmp_path, DIGITS)
     proc = start_runner(db, run_id)
@@ -57,11 +57,12 @@ def test_kill_9_of_a_pate_runner_while_it_answers_queries_keeps_the_privacy_and_
     assert snapshot(db, [1, 2]) == before
 
 
-def test_ctrl_c_while_pate_answers_queries_stops_with_the_privacy_spent(tmp_path):
+@pytest.mark.parametrize("stop_signal", ["SIGINT", "SIGHUP"])  # Ctrl-C; the terminal closed
+def test_ctrl_c_or_hangup_while_pate_answers_queries_stops_with_the_privacy_spent(tmp_path, stop_signal):
     db, before, run_id = _queued(tmp_path, PATE)
     proc = start_runner(db, run_id)
     read_events(proc, lambda e: e["type"] == "vote_batch")
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, stop_signal))
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     run = check_ledger(db)[run_id]
