@@ -189,7 +189,8 @@ def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=No
 class ProgressDisplay:
     """A progress bar on stderr, labelled with the live epsilon and the last test accuracy."""
 
-    PHASES = {"training": "training", "teachers": "teachers", "querying": "queries", "student": "student"}
+    PHASES = {"loading": "loading", "training": "training", "teachers": "teachers", "querying": "queries",
+              "student": "student"}
 
     def __init__(self) -> None:
         self.bar = None
