@@ -887,7 +887,8 @@ def _published_ranges(description: str, names: tuple[str, ...]) -> FeatureBounds
                 continue
     if len(rows) != len(names):
         return FeatureBounds()
-    return FeatureBounds(tuple((n, lo, hi) for n, (lo, hi) in zip(names, rows)))
+    return FeatureBounds(tuple((n, lo, hi) for n, (lo, hi) in zip(names, rows)),
+                         origin="published feature ranges (the dataset description's min/max table)")
 
 
 # --------------------------------------------------------------------------------------------

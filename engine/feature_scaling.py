@@ -39,6 +39,7 @@ class FeatureBounds:
 
     named: tuple[tuple[str, float, float], ...] = ()
     default: tuple[float, float] | None = None
+    origin: str = "declared feature bounds"  # where the ranges come from, for the shipped description
 
     def for_features(self, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
         """(low, high) arrays over `names`; NaN where a feature has no declared range."""
@@ -152,7 +153,7 @@ def table_scaling(x: np.ndarray, rows: np.ndarray | None, *, names: tuple[str, .
     mid = np.where(bounded, (low + high) / 2.0, 0.0)
     half = np.where(bounded, (high - low) / 2.0, 1.0)
     if normalization == "bounds":
-        source = "declared feature bounds (independent of the data)"
+        source = f"{bounds.origin} (independent of the data)"
         if not bounded.all():
             source += f"; {int((~bounded).sum())} feature(s) without bounds used unscaled"
         return Scaling(mid, half, low, high, source)
