@@ -29,7 +29,8 @@ from workbench.engine_client import EngineClient
 from workbench.first_start import first_config
 from workbench.probe import EngineProbe
 from workbench.run_data import RunData
-from workbench.runs_model import RunsModel
+from workbench.runs_model import RunsTable, has_model
+from workbench.runs_panel import RunsPanel
 from workbench.settings import Settings
 from workbench.store_client import StoreClient
 from workbench.setup_form import SetupForm
@@ -89,7 +90,7 @@ class MainWindow(QMainWindow):
     def _build_widgets(self) -> None:
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
         self.splitter.setObjectName("mainSplitter")
-        self.runs_model = RunsModel(self)
+        self.runs_model = RunsTable(self)  # sorted and filtered; rows in view order
         self.runs_view = QTableView()
         self.runs_view.setObjectName("runsView")
         self.runs_view.setModel(self.runs_model)
@@ -106,7 +107,8 @@ class MainWindow(QMainWindow):
         self.runs_view.selectionModel().currentRowChanged.connect(self._current_changed)
         self.runs_view.selectionModel().selectionChanged.connect(lambda *_: self._selection_changed())
         self.runs_view.doubleClicked.connect(lambda _: self.tabs.setCurrentWidget(self.dashboard))
-        self.splitter.addWidget(self.runs_view)
+        self.runs_panel = RunsPanel(self.runs_view, self.runs_model)
+        self.splitter.addWidget(self.runs_panel)
 
         self.tabs = QTabWidget()
         self.tabs.setObjectName("tabs")
@@ -266,6 +268,7 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"Cannot read {self.store.path}: {describe_error(exc)}", 10000)
             return
         self.runs_model.set_rows(rows)
+        self.runs_panel.config.show_run(self._listed_row(self.current_run_id))
         if self.current_run_id is not None:
             row = self.runs_model.row_of(self.current_run_id)
             if row is None and not self.client.is_active(self.current_run_id):
@@ -348,6 +351,7 @@ class MainWindow(QMainWindow):
             return
         if self.dashboard.data is not data:
             self.dashboard.show_run(data)
+        self.runs_panel.config.show_run(self._listed_row(run_id))
         if self.tabs.currentWidget() is self.votes:
             self._show_votes(run_id)
         self._update_run_actions()
@@ -363,9 +367,16 @@ class MainWindow(QMainWindow):
         run_id = self.current_run_id
         active = run_id is not None and self.client.is_active(run_id)
         self.act_stop.setEnabled(active or bool(self.client.active_ids()))
-        self.act_export.setEnabled(run_id is not None and not active)
-        self.act_report.setEnabled(run_id is not None and not active)
+        row = self._listed_row(run_id)
+        finished = row is not None and has_model(row) and not active  # a model and a guarantee to state
+        self.act_export.setEnabled(finished)
+        self.act_report.setEnabled(finished)
+        self.act_reuse.setEnabled(run_id is not None)
         self.act_delete.setEnabled(run_id is not None and run_id not in self.client.jobs)
+
+    def _listed_row(self, run_id: int | None) -> dict[str, Any] | None:
+        """The run's row as last listed (no store read)."""
+        return next((r for r in self.runs_model.rows if r["id"] == run_id), None) if run_id is not None else None
 
     def _context_menu(self, pos) -> None:
         index = self.runs_view.indexAt(pos)
@@ -444,8 +455,8 @@ class MainWindow(QMainWindow):
             deleted.append(run_id)
             self._forget_run(run_id)
         self.refresh_runs()
-        if self.current_run_id is None and self.runs_model.rows:
-            self._select_row(len(self.runs_model.rows) - 1)
+        if self.current_run_id is None and self.runs_model.rowCount():
+            self._select_row(0)  # the newest run shown, not the oldest at the bottom
         if self.tabs.currentWidget() is self.compare:
             self.compare_selected(switch=False)
         self._update_run_actions()

@@ -1,11 +1,13 @@
-"""The runs table: every run in the store, newest first."""
+"""The runs table: every run in the store, newest first, sortable by any column and filtered by a search
+text (RunsTable, a QSortFilterProxyModel over RunsModel)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Any
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QSortFilterProxyModel, Qt
 from PySide6.QtGui import QColor
 
 from engine.publication import NO_GUARANTEE_STATEMENT, carries_guarantee, epsilon_label, publishable_epsilon
@@ -17,9 +19,19 @@ COLUMNS = (
     ("dataset", "Dataset"),
     ("status", "Status"),
     ("epsilon", "ε"),
+    ("delta", "δ"),
+    ("epsilon_budget", "Budget"),
     ("accuracy", "Accuracy"),
+    ("steps", "Steps"),
+    ("duration", "Duration"),
+    ("stop_reason", "Stopped by"),
     ("started", "Started"),
 )
+NUMERIC = {"id", "epsilon", "delta", "epsilon_budget", "accuracy", "steps", "duration"}
+# The raw value a column sorts by (numbers as numbers, empty cells last in ascending order).
+SORT_ROLE = Qt.ItemDataRole.UserRole + 1
+FILTERED_KEYS = ("name", "dataset", "mechanism", "status")
+STOP_REASONS = {"completed": "completed", "budget": "ε budget", "stopped": "user (Stop)"}
 STATUS_COLOURS = {"failed": "#d62728", "running": "#1f77b4", "queued": "#7f7f7f", "stopped": "#ff7f0e"}
 
 
@@ -30,7 +42,68 @@ def _started(value: str | None) -> str:
         when = dt.datetime.fromisoformat(value).astimezone()
     except ValueError:
         return value
-    return when.strftime("%m-%d %H:%M")
+    return when.strftime("%Y-%m-%d %H:%M")
+
+
+def _when(value: str | None) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(value) if value else None
+    except ValueError:
+        return None
+
+
+def duration_seconds(row: dict[str, Any], now: dt.datetime | None = None) -> float | None:
+    """Seconds from start to finish (to now while it runs); None for a run that never started."""
+    start = _when(row.get("started"))
+    if start is None:
+        return None
+    end = _when(row.get("finished"))
+    if end is None:
+        if row.get("status") != "running":
+            return None
+        end = now or dt.datetime.now(start.tzinfo)
+    return max((end - start).total_seconds(), 0.0)
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def stop_reason_label(row: dict[str, Any]) -> str:
+    """Why the run ended, in words: its recorded stop reason, or "error" for a failed run."""
+    if row.get("status") == "failed":
+        return "error"
+    reason = row.get("stop_reason")
+    return STOP_REASONS.get(reason, reason or "")
+
+
+def has_model(row: dict[str, Any]) -> bool:
+    """Whether Export and Report apply: the run ended with a trained model (finished or stopped)."""
+    return row.get("status") in ("finished", "stopped")
+
+
+def cell_value(row: dict[str, Any], key: str) -> Any:
+    """The value a column sorts by: numbers for numeric columns, text otherwise."""
+    if key == "epsilon":
+        return publishable_epsilon(row).value if row.get("mechanism") != "none" else math.inf
+    if key == "delta":
+        return publishable_epsilon(row).delta if row.get("mechanism") != "none" else None
+    if key == "steps":
+        return row.get("steps_done")
+    if key == "duration":
+        return duration_seconds(row)
+    if key == "stop_reason":
+        return stop_reason_label(row)
+    if key == "started":
+        return row.get("started") or ""
+    return row.get(key)
 
 
 def epsilon_tooltip(row: dict[str, Any]) -> str:
@@ -91,24 +164,97 @@ class RunsModel(QAbstractTableModel):
         row = self.rows[index.row()]
         key = COLUMNS[index.column()][0]
         value = row.get(key)
+        if role == SORT_ROLE:
+            return cell_value(row, key)
         if role == Qt.ItemDataRole.DisplayRole:
             if key == "epsilon":
                 return epsilon_label(row)
+            if key == "delta":
+                delta = cell_value(row, "delta")
+                return "" if delta is None else f"{delta:.0e}" if delta < 1e-3 else f"{delta:g}"
+            if key == "epsilon_budget":
+                return "" if value is None else f"{value:g}"
             if key == "accuracy":
                 return "" if value is None else f"{value:.3f}"
+            if key == "steps":
+                done, planned = row.get("steps_done"), row.get("steps_planned")
+                if done is None:
+                    return ""
+                return f"{done:,} / {planned:,}" if planned else f"{done:,}"
+            if key == "duration":
+                return format_duration(duration_seconds(row))
+            if key == "stop_reason":
+                return stop_reason_label(row)
             if key == "started":
-                return _started(value or row.get("created"))
+                return _started(value)  # a run that never started has no start time
             return "" if value is None else str(value)
         if role == Qt.ItemDataRole.ForegroundRole and key == "status" and value in STATUS_COLOURS:
             return QColor(STATUS_COLOURS[value])
         if role == Qt.ItemDataRole.ToolTipRole:
-            if key == "epsilon" and row.get("mechanism") in ("dpsgd", "pate"):
+            if key in ("epsilon", "delta") and row.get("mechanism") in ("dpsgd", "pate"):
                 return epsilon_tooltip(row)
+            if key == "epsilon_budget":
+                return "The ε budget the run stops at (its accountant's ε)." if value is not None else "No budget set."
             if row.get("error"):
                 return f"{row['error']}" + (f"\n{row['error_hint']}" if row.get("error_hint") else "")
             return None
-        if role == Qt.ItemDataRole.TextAlignmentRole and key in ("id", "epsilon", "accuracy"):
+        if role == Qt.ItemDataRole.TextAlignmentRole and key in NUMERIC:
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         if role == Qt.ItemDataRole.UserRole:
             return row["id"]
         return None
+
+
+class RunsTable(QSortFilterProxyModel):
+    """The list as the view shows it: sorted (numbers as numbers) and filtered by a search text over
+    name, dataset, mechanism and status. Rows are in view order: `row_of`, `run_at` and `index` all
+    speak of the rows shown; `rows` is every run."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.source = RunsModel(self)
+        self.setSourceModel(self.source)
+        self.setSortRole(SORT_ROLE)
+        self.setDynamicSortFilter(True)
+        self._words: list[str] = []
+        self.sort(0, Qt.SortOrder.DescendingOrder)
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return self.source.rows
+
+    def set_rows(self, rows: list[dict[str, Any]]) -> None:
+        self.source.set_rows(rows)
+
+    def set_filter_text(self, text: str) -> None:
+        """Show only runs whose name, dataset, mechanism or status contains every word of `text`."""
+        self.beginFilterChange()
+        self._words = text.lower().split()
+        self.endFilterChange(QSortFilterProxyModel.Direction.Rows)
+
+    def filterAcceptsRow(self, source_row: int, source_parent) -> bool:  # noqa: N802
+        if not self._words:
+            return True
+        row = self.source.rows[source_row]
+        haystack = " ".join(str(row.get(key) or "") for key in FILTERED_KEYS).lower()
+        return all(word in haystack for word in self._words)
+
+    def lessThan(self, left, right) -> bool:  # noqa: N802
+        a, b = left.data(SORT_ROLE), right.data(SORT_ROLE)
+        empty_a, empty_b = a is None or a == "", b is None or b == ""
+        if empty_a or empty_b:  # empty cells go last in either order
+            descending = self.sortOrder() == Qt.SortOrder.DescendingOrder
+            return False if empty_a and empty_b else (empty_a == descending)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            return a < b
+        return str(a).lower() < str(b).lower()
+
+    def row_of(self, run_id: int) -> int | None:
+        source_row = self.source.row_of(run_id)
+        if source_row is None:
+            return None
+        index = self.mapFromSource(self.source.index(source_row, 0))
+        return index.row() if index.isValid() else None
+
+    def run_at(self, row: int) -> dict[str, Any]:
+        return self.source.rows[self.mapToSource(self.index(row, 0)).row()]

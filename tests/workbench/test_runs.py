@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QPoint, Qt
 
 from engine.store import Store
 from workbench.main_window import MainWindow
@@ -243,3 +243,97 @@ def test_a_run_deleted_elsewhere_leaves_the_window(window, qtbot, db_path):
     window.refresh_runs()
     assert window.runs_model.row_of(run_id) is None
     assert window.dashboard.data is None and run_id not in window.run_data
+
+
+def past_runs(window: MainWindow) -> dict[str, int]:
+    """Three ended runs and a queued one, written through the window's store helper."""
+    from engine.config import RunConfig
+
+    made = {}
+    for name, dataset, status, epsilon, accuracy, reason in (
+            ("alpha-digits", "digits", "finished", 10.0, 0.91, "completed"),
+            ("beta-mnist", "mnist", "finished", 2.0, 0.95, "budget"),
+            ("gamma-digits", "digits", "failed", None, None, None),
+            ("delta-mnist", "mnist", "stopped", 9.5, 0.5, "stopped")):
+        run_id = window.store.create_run(RunConfig(name=name, dataset=dataset, mechanism="dpsgd",
+                                                   noise_multiplier=1.0, delta=1e-5, reproducible_noise=False))
+        fields = dict(status=status, epsilon=epsilon, accuracy=accuracy, stop_reason=reason, delta=1e-5,
+                      accountant="pld", epsilon_budget=10.0, steps_done=0 if status == "failed" else 85,
+                      steps_planned=169)
+        if status != "failed":
+            fields.update(started="2026-11-24T04:30:00+00:00", finished="2026-11-24T04:31:05+00:00")
+        window.store.update_run(run_id, **fields)
+        made[name] = run_id
+    window.refresh_runs()
+    return made
+
+
+def shown_names(window: MainWindow) -> list[str]:
+    return [window.runs_model.run_at(r)["name"] for r in range(window.runs_model.rowCount())]
+
+
+def column(key: str) -> int:
+    return [k for k, _ in COLUMNS].index(key)
+
+
+def test_clicking_a_header_sorts_numbers_as_numbers(window, qtbot):
+    past_runs(window)
+    header = window.runs_view.horizontalHeader()
+    # newest first by default
+    assert shown_names(window) == ["delta-mnist", "gamma-digits", "beta-mnist", "alpha-digits"]
+    qtbot.mouseClick(header.viewport(), Qt.MouseButton.LeftButton,
+                     pos=header.rect().topLeft() + QPoint(header.sectionViewportPosition(column("epsilon")) + 5, 5))
+    epsilons = [window.runs_model.run_at(r)["epsilon"] for r in range(window.runs_model.rowCount())]
+    assert epsilons == [2.0, 9.5, 10.0, None]  # as text it would be "10" < "2" < "9.5"; empty last
+    window.runs_view.sortByColumn(column("epsilon"), Qt.SortOrder.DescendingOrder)
+    assert shown_names(window)[:3] == ["alpha-digits", "delta-mnist", "beta-mnist"]
+
+
+def test_the_search_box_filters_by_name_dataset_mechanism_and_status(window, qtbot):
+    past_runs(window)
+    search = window.runs_panel.search
+    qtbot.keyClicks(search, "mnist")
+    assert sorted(shown_names(window)) == ["beta-mnist", "delta-mnist"]
+    search.setText("digits failed")
+    assert shown_names(window) == ["gamma-digits"]
+    window.select_run(window.runs_model.run_at(0)["id"])
+    assert window.current_run_id == window.runs_model.run_at(0)["id"]
+    search.setText("dpsgd")
+    assert len(shown_names(window)) == 4
+    search.clear()
+    assert len(shown_names(window)) == 4
+
+
+def test_list_shows_delta_budget_duration_and_stop_reason(window):
+    made = past_runs(window)
+    model = window.runs_model
+    row = model.row_of(made["beta-mnist"])
+    cells = {key: model.index(row, column(key)).data() for key, _ in COLUMNS}
+    assert cells["epsilon"] == "2" and cells["delta"] == "1e-05" and cells["epsilon_budget"] == "10"
+    assert cells["duration"] == "1 min 05 s" and cells["stop_reason"] == "ε budget"
+    assert cells["started"].startswith("2026-")
+    tip = model.index(row, column("epsilon")).data(Qt.ItemDataRole.ToolTipRole)
+    assert "δ = 1e-05" in tip and "pld" in tip
+    failed = model.row_of(made["gamma-digits"])
+    assert model.index(failed, column("started")).data() == ""  # never started: no start time
+    assert model.index(failed, column("stop_reason")).data() == "error"
+
+
+def test_export_report_and_set_up_again_follow_the_selection(window):
+    made = past_runs(window)
+    assert not window.act_reuse.isEnabled() and not window.act_export.isEnabled()
+    window.select_run(made["gamma-digits"])
+    assert window.act_reuse.isEnabled()
+    assert not window.act_export.isEnabled() and not window.act_report.isEnabled()  # failed: no model
+    window.select_run(made["beta-mnist"])
+    assert window.act_export.isEnabled() and window.act_report.isEnabled()
+
+
+def test_config_panel_shows_the_selected_runs_results_and_config(window):
+    made = past_runs(window)
+    window.select_run(made["delta-mnist"])
+    rows = dict(window.runs_panel.config.rows_text())
+    assert rows["ε (publishable)"] == "9.5" and rows["δ"] == "1e-05" and rows["Accountant"] == "pld"
+    assert rows["Stopped by"] == "user (Stop)"
+    assert rows["dataset"] == "mnist" and rows["noise_multiplier"] == "1.0"
+    assert window.runs_panel.config.run_id == made["delta-mnist"]
