@@ -11,6 +11,10 @@ list, dashboard and compare view) asks here, so the rules live in one place:
 - `randomness(run)` / `carries_guarantee(run)`: a run whose privacy noise was seeded from the
   published `seed` (`reproducible_noise = true`) carries no guarantee at all, whatever its epsilon.
 - `public_dataset_name(dataset)`: user files are named by their file name only, never their folders.
+- A run of a tuning study (engine.study; the store attaches its row as `run["study"]`) states the
+  study's epsilon, never its own: a private study's released run the repeat-and-select bound, its
+  other candidates nothing (never released); a composition study's runs the composition of all;
+  an exploratory study's runs their own epsilon with `EXPLORATORY_NOTE`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ NOT_PUBLISHABLE = "not publishable: a function of the private votes"
 PATE_DATA_INDEPENDENT = "pate-di"
 PATE_RELEASED = "pate-released"
 PATE_DATA_DEPENDENT = "pate-dd"
+EXPLORATORY_NOTE = "selected among {n} runs on the same data; the selection is not covered by this epsilon"
+WITHHELD = "not released"
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,8 @@ class PublishableEpsilon:
     delta: float | None
     accountant: str | None
     guarantee: bool
+    note: str | None = None  # what the value covers beyond this run (its study), in words
+    withheld: bool = False  # a candidate of a private study: never exported nor reported
 
 
 def pate_publishable(epsilon_data_independent: float | None,
@@ -77,7 +85,31 @@ def carries_guarantee(run: dict[str, Any]) -> bool:
 
 
 def publishable_epsilon(run: dict[str, Any]) -> PublishableEpsilon:
-    """The epsilon of `run` (a store row with its config and summary) that may be stated."""
+    """The epsilon of `run` (a store row with its config and summary, and its study if any) that may
+    be stated: the run's own (`run_epsilon`), or its study's."""
+    own = run_epsilon(run)
+    study = run.get("study")
+    if not study:
+        return own
+    mode, finished = study.get("mode"), study.get("status") == "finished"
+    if mode == "exploratory":
+        return PublishableEpsilon(own.value, own.delta, own.accountant, own.guarantee,
+                                  note=EXPLORATORY_NOTE.format(n=study.get("num_candidates") or "several"))
+    name = f"study {study.get('id')} ({study.get('name')})"
+    if mode == "private" and study.get("released_run_id") != run.get("id"):
+        return PublishableEpsilon(None, None, None, own.guarantee, withheld=True,
+                                  note=f"a candidate of private {name} that was not released")
+    if not finished or study.get("epsilon") is None:
+        return PublishableEpsilon(None, None, None, own.guarantee,
+                                  note=f"part of {name}, which has not finished: its epsilon covers all its runs")
+    note = ("the best of a random number of candidate runs on the same data; this epsilon covers the search"
+            if mode == "private" else "one of the runs of a study, all releasable; this epsilon composes all of them")
+    return PublishableEpsilon(float(study["epsilon"]), study.get("delta"), study.get("accountant"), own.guarantee,
+                              note=f"{note} ({name})")
+
+
+def run_epsilon(run: dict[str, Any]) -> PublishableEpsilon:
+    """The epsilon of `run` alone, as its own accountant stated it (ignoring any study)."""
     guarantee = carries_guarantee(run)
     if run.get("mechanism") == "pate":
         summary = run.get("summary") or {}
@@ -97,6 +129,8 @@ def epsilon_label(run: dict[str, Any], fmt: str = ".3g") -> str:
     if run.get("mechanism") == "none":
         return "∞"
     eps = publishable_epsilon(run)
+    if eps.withheld:
+        return WITHHELD
     if eps.value is None:
         return "" if eps.guarantee else NO_GUARANTEE
     text = format(eps.value, fmt)

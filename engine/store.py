@@ -31,7 +31,7 @@ from engine.errors import DPWError, StoreError, explain, recover_hint
 from engine.events import from_json_safe, to_json_safe
 from engine.store_files import abandon, empty_old_wal, replaced, store_files
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 STATUSES = ("queued", "running", "finished", "stopped", "failed")
 BUSY_TIMEOUT_S = 120  # a writer waits this long for another's write lock (a backup, an sqlite3 shell)
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -100,7 +100,19 @@ def _migration_2(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS = [_migration_1, _migration_2]
+def _migration_3(db: sqlite_utils.Database) -> None:
+    # Tuning studies (engine.study): a group of runs on the same data with one privacy statement for
+    # the group; `released_run_id` is the run a private study released (its other runs never leave).
+    db.conn.execute(
+        "CREATE TABLE IF NOT EXISTS [studies] ([id] INTEGER PRIMARY KEY, [name] TEXT, [mode] TEXT, [config] TEXT, "
+        "[status] TEXT, [created] TEXT, [finished] TEXT, [epsilon] FLOAT, [delta] FLOAT, [accountant] TEXT, "
+        "[released_run_id] INTEGER, [num_candidates] INTEGER, [error] TEXT)"
+    )
+    if "study_id" not in {r[1] for r in db.conn.execute("PRAGMA table_info(runs)")}:
+        db.conn.execute("ALTER TABLE [runs] ADD COLUMN [study_id] INTEGER REFERENCES [studies]([id])")
+
+
+MIGRATIONS = [_migration_1, _migration_2, _migration_3]
 RUN_COLUMNS_NEEDED = {"id", "name", "status", "config"}  # a `runs` table without these is not ours
 
 
@@ -386,7 +398,7 @@ class Store:
             row = self.db["runs"].get(run_id)
         except sqlite_utils.db.NotFoundError:
             raise DPWError(f"no run with id {run_id} in {self.path}", hint="`dpw list` shows the runs") from None
-        return _decode_run(row)
+        return self._with_study(_decode_run(row))
 
     def find_run(self, ref: str | int) -> dict[str, Any]:
         """A run by id, or by name (the newest run of that name); an all-digit reference that is no
@@ -401,11 +413,36 @@ class Store:
         rows = list(self.db["runs"].rows_where("name = ?", [str(ref)], order_by="id desc", limit=1))
         if not rows:
             raise DPWError(f"no run named {ref!r} in {self.path}", hint="`dpw list` shows the runs")
-        return _decode_run(rows[0])
+        return self._with_study(_decode_run(rows[0]))
 
     def list_runs(self) -> list[dict[str, Any]]:
         self.reconcile_orphans()
-        return [_decode_run(r) for r in self.db["runs"].rows_where(order_by="id")]
+        studies = {s["id"]: s for s in self.list_studies()}
+        return [self._with_study(_decode_run(r), studies) for r in self.db["runs"].rows_where(order_by="id")]
+
+    # ---- studies (engine.study) -----------------------------------------------------------------
+    def create_study(self, **fields: Any) -> int:
+        with self._write():
+            return self.db["studies"].insert({"status": "running", "created": now_iso(), **fields}).last_pk
+
+    def update_study(self, study_id: int, **fields: Any) -> None:
+        with self._write():
+            self.db["studies"].update(study_id, fields)
+
+    def get_study(self, study_id: int) -> dict[str, Any]:
+        try:
+            return _decode_run(self.db["studies"].get(study_id))
+        except sqlite_utils.db.NotFoundError:
+            raise DPWError(f"no study with id {study_id} in {self.path}") from None
+
+    def list_studies(self) -> list[dict[str, Any]]:
+        return [_decode_run(r) for r in self.db["studies"].rows_where(order_by="id")]
+
+    def _with_study(self, run: dict[str, Any], studies: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The run with its study's row as `run["study"]` (engine.publication states the study's epsilon)."""
+        if run.get("study_id") is not None:
+            run["study"] = studies.get(run["study_id"]) if studies is not None else self.get_study(run["study_id"])
+        return run
 
     def reconcile_orphans(self) -> list[int]:
         """Mark `queued`/`running` runs whose owner process on this host is gone as failed, with the

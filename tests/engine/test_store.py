@@ -152,7 +152,7 @@ def test_a_version_1_store_is_migrated_with_its_runs(tmp_path):
     db.conn.commit()
     db.close()
     store = Store(path)
-    assert store.schema_version == SCHEMA_VERSION == 2
+    assert store.schema_version == SCHEMA_VERSION == 3
     assert store.get_run(7)["name"] == "old"
     store.delete_run(7)
     assert store.create_run(RunConfig(name="new", noise_multiplier=1.0)) == 8
