@@ -20,7 +20,8 @@ from engine.config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
-EXAMPLES = sorted((REPO / "resources" / "examples").glob("*.toml"))
+# Run configs; study-*.toml are tuning studies (engine.study_config), checked in tests/engine/test_study.py.
+EXAMPLES = sorted(p for p in (REPO / "resources" / "examples").glob("*.toml") if not p.name.startswith("study-"))
 QUICK_START = "dpw run resources/examples/quickstart.toml"
 
 
