@@ -73,12 +73,12 @@ class StoreClient:
         if self._ready:
             return
         first = self._next_reply(START_TIMEOUT_S)
-        if first is _ENDED or not first.get("ready"):
+        if not isinstance(first, dict) or not first.get("ready"):
             error = first.get("error") if isinstance(first, dict) else None
+            detail = error["message"] if error else self._stderr_tail()
             self._stop()
             if error and error.get("user_error"):
                 raise DPWError(error["message"], hint=error.get("hint"))
-            detail = error["message"] if error else self._stderr_tail()
             raise StoreHelperError(f"cannot open {self.path}: {detail}",
                                    hint="check that the file is a DP Workbench store and can be read")
         self._ready = True
@@ -100,9 +100,13 @@ class StoreClient:
 
     def _stderr_tail(self) -> str:
         process = self._process
-        if process is None or process.poll() is None:
-            return "the store helper did not answer"
-        return f"the store helper exited with status {process.returncode} (its error is in the terminal)"
+        if process is None:
+            return "the store helper is not running"
+        try:
+            code = process.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return f"the store helper did not answer in {START_TIMEOUT_S:.0f} s"
+        return f"the store helper exited with status {code} (its error is in the terminal)"
 
     def _stop(self) -> None:
         process, self._process = self._process, None

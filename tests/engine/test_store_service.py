@@ -168,3 +168,9 @@ def test_a_replay_keeps_where_each_phase_started_and_got_to():
     assert [(e["type"], e.get("phase"), e.get("done")) for e in kept] == [
         ("plan", None, None), ("progress", "train", 0), ("progress", "train", 9), ("warning", None, None),
         ("progress", "eval", 0), ("progress", "eval", 3)]
+
+
+def test_a_helper_that_cannot_start_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # an interpreter that exits at once, status 1
+    with pytest.raises(DPWError, match=r"cannot open .*runs.sqlite: the store helper exited with status 1"):
+        StoreClient(tmp_path / "runs.sqlite").wait_ready()
