@@ -353,13 +353,18 @@ def list_runs(db: Path | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--include-teacher-stats", is_flag=True,
               help="PATE: also show the teachers' accuracies (statistics of non-private models of the private data).")
-def show(run_ref: str, db: Path | None, as_json: bool, include_teacher_stats: bool) -> None:
+@click.option("--risk", is_flag=True,
+              help="Show only what the run's guarantee allows the best membership attacker (as dpw privacy risk).")
+def show(run_ref: str, db: Path | None, as_json: bool, include_teacher_stats: bool, risk: bool) -> None:
     """Show one run (by id or name): config, results, privacy, artifacts.
 
     Example: dpw show 3 --json
     """
     store = open_store(db)
     store.reconcile_orphans()
+    if risk:
+        show_risk(store.find_run(run_ref), as_json=as_json)
+        return
     info = run_details(store, run_ref, include_teacher_stats=include_teacher_stats)
     if as_json:
         click.echo(json.dumps(info, indent=1, default=str))
@@ -378,6 +383,30 @@ def show(run_ref: str, db: Path | None, as_json: bool, include_teacher_stats: bo
     for key, value in config.items():
         if key in used:
             click.echo(f"  {key} = {value!r}")
+
+
+def show_risk(run_row: dict[str, Any], *, as_json: bool) -> None:
+    """`dpw show RUN --risk`: the attack figures of a stored run (engine.attack_risk), upper bounds."""
+    from engine.attack_risk import run_attack_risk
+
+    result = run_attack_risk(run_row)
+    if as_json:
+        click.echo(json.dumps(result.to_json()))
+        return
+    click.echo(f"run {run_row['id']} ({run_row['name']}): best membership attack its guarantee allows")
+    if result.risk is None:
+        click.echo(f"  no bound         {result.reason}")
+        return
+    figures = result.risk
+    click.echo(f"  from             {result.basis}")
+    click.echo(f"  epsilon          {_up(figures.epsilon)} at delta {figures.delta:g} (publishable: "
+               f"{result.publishable_epsilon:.4g}); every figure below is an upper bound")
+    click.echo(f"  max advantage    {_percent_up(figures.max_advantage)} (TPR - FPR)")
+    for fpr, tpr in figures.tpr_at_fpr.items():
+        click.echo(f"  TPR at FPR {_percent(fpr):<5} {_percent_up(tpr)}")
+    for prior, post in figures.posterior.items():
+        click.echo(f"  posterior, prior {_percent(prior):<4} {_percent_up(post)} (except with probability "
+                   f"{figures.delta:g})")
 
 
 @cli.command()
@@ -473,6 +502,52 @@ def report(run_ref: str, db: Path | None, out_file: Path, include_votes: bool, i
 
     click.echo(write_report(open_store(db), run_ref, out_file, include_votes=include_votes,
                             include_teacher_stats=include_teacher_stats))
+
+
+# ---- audit -------------------------------------------------------------------------------------
+@cli.command()
+@click.argument("run_ref")
+@db_option
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the run's dataset is (default: the folder the run used).")
+@click.option("--examples", type=click.IntRange(min=1), default=5000, show_default=True,
+              help="At most this many training members and as many held-out non-members.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the audit's own randomness (which examples, bootstrap resamples).")
+@click.option("--bootstrap", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Bootstrap resamples for the confidence intervals.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print {"epsilon", "mia": {"auc", "tpr_at_fpr", ...}, "canaries"}.')
+def audit(run_ref: str, db: Path | None, data_dir: Path | None, examples: int, seed: int, bootstrap: int,
+          as_json: bool) -> None:
+    """Membership-inference audit of a run's model: how well its per-example loss tells training
+    members from held-out examples (AUC, TPR at FPR 1% and 0.1%, 95% bootstrap intervals), checked
+    against the theoretical bound of the run's guarantee. Computed from private data: shown here only.
+
+    Example: dpw audit 3 --json
+    """
+    from engine.audit_run import audit_run
+
+    result = audit_run(open_store(db), run_ref, examples=examples, seed=seed, bootstrap=bootstrap,
+                       data_dir=str(data_dir) if data_dir is not None else None)
+    mia = result.mia
+    if as_json:
+        click.echo(json.dumps(result.to_json()))
+    else:
+        eps = f"{result.epsilon:.4g} at delta {result.delta:g}" if result.epsilon is not None else "none"
+        click.echo(f"run {result.run_id}: membership-inference audit (loss attack; computed from private data)")
+        click.echo(f"  epsilon          {eps}" + ("" if result.guarantee else " (no guarantee)"))
+        click.echo(f"  examples         {mia.members} members ({result.members_from}), {mia.nonmembers} "
+                   f"non-members ({result.nonmembers_from})")
+        level = f"{100 * mia.confidence:g}%"
+        click.echo(f"  AUC              {mia.auc:.4f}  [{mia.auc_interval[0]:.4f}, {mia.auc_interval[1]:.4f}] ({level})")
+        for fpr, tpr in mia.tpr_at_fpr.items():
+            lo, hi = mia.tpr_interval[fpr]
+            click.echo(f"  TPR at FPR {_percent(fpr):<5} {100 * tpr:.3g}%  [{100 * lo:.3g}%, {100 * hi:.3g}%]")
+        if mia.theory is not None and not mia.theory.above_theory:
+            click.echo(f"  theory check     {mia.theory.message}")
+    if mia.theory is not None and mia.theory.above_theory:
+        click.echo(f"WARNING: {mia.theory.message}", err=True)
 
 
 # ---- window ------------------------------------------------------------------------------------

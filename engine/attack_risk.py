@@ -1,0 +1,129 @@
+"""The attack risk of a stored run: what its publishable guarantee allows the best membership attacker.
+
+One function, `run_attack_risk(run)`, used by `dpw show --risk`, the report and the window. It
+reads only the run's public parameters and calls the pure functions of `engine.privacy.risk`:
+
+- DP-SGD: the Poisson-subsampled Gaussian (sample rate, noise multiplier) over the steps actually
+  taken, from the pessimistic PLD. With DP feature statistics (`normalization = "dp"`) the release
+  is composed with training by RDP, so the profile is the one implied by that RDP curve.
+- PATE: the publishable epsilon is the smaller of the data-independent bound and the smooth-
+  sensitivity release; only the data-independent bound has a full RDP curve (recomputed from the
+  aggregator's noise and the numbers of queries asked and answered), so the figures come from it
+  and say so. They are upper bounds either way (the data-independent bound is a valid guarantee).
+- A non-private run or a reproducible-noise run: no figures, and the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.publication import carries_guarantee, publishable_epsilon
+
+BASIS_PLD = "DP-SGD: pessimistic PLD of the Poisson-subsampled Gaussian over the steps taken"
+BASIS_RDP_STATISTICS = ("DP-SGD with DP feature statistics: RDP of the training steps composed with the "
+                        "statistics' Gaussian release")
+BASIS_PATE_DI = "PATE: RDP curve of the data-independent bound (queries asked and answered)"
+BASIS_PATE_DI_NOT_RELEASED = (BASIS_PATE_DI + "; the released epsilon is smaller but has no stored RDP "
+                              "curve, so these figures are looser than the publishable epsilon")
+
+
+@dataclass(frozen=True)
+class RunAttackRisk:
+    """Attack figures of a run (`risk` is None when there is no guarantee to translate: `reason`)."""
+
+    run_id: int
+    risk: Any  # engine.privacy.risk.AttackRisk | None
+    basis: str | None
+    reason: str | None
+    publishable_epsilon: float | None
+    delta: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The `dpw show RUN --risk --json` object: `dpw privacy risk`'s keys plus run, basis and reason."""
+        body: dict[str, Any] = {"run": self.run_id, "guarantee": self.risk is not None, "basis": self.basis,
+                                "reason": self.reason, "publishable_epsilon": self.publishable_epsilon}
+        if self.risk is None:
+            body.update(max_advantage=None, tpr_at_fpr=None, posterior=None, tradeoff=None, epsilon=None,
+                        delta=self.delta, loss_bound=None)
+        else:
+            body.update(self.risk.to_json())
+        return body
+
+
+def _no_risk(run: dict[str, Any], reason: str) -> RunAttackRisk:
+    eps = publishable_epsilon(run)
+    return RunAttackRisk(int(run["id"]), None, None, reason, eps.value, eps.delta)
+
+
+def run_attack_risk(run: dict[str, Any]) -> RunAttackRisk:
+    """Attack figures of `run` (a store row with config and summary) from its public parameters."""
+    from engine.privacy import risk
+
+    mechanism = run.get("mechanism")
+    if mechanism == "none":
+        return _no_risk(run, "non-private run: no bound, an attacker may reach TPR 1 at FPR 0")
+    if not carries_guarantee(run):
+        return _no_risk(run, "reproducible noise (seeded from the published seed): no guarantee, so no bound "
+                             "on any attack")
+    eps = publishable_epsilon(run)
+    if eps.value is None or eps.delta is None:
+        return _no_risk(run, "nothing was accounted yet (the run took no private step)")
+    if mechanism == "dpsgd":
+        profile, basis = _dpsgd_profile(run)
+    elif mechanism == "pate":
+        profile, basis = _pate_profile(run)
+        if eps.accountant != "pate-di":
+            basis = BASIS_PATE_DI_NOT_RELEASED
+    else:
+        return _no_risk(run, f"no attack figures for mechanism {mechanism!r}")
+    figures = risk.attack_risk(profile=profile, delta=float(eps.delta))
+    return RunAttackRisk(int(run["id"]), figures, basis, None, eps.value, float(eps.delta))
+
+
+def _dpsgd_profile(run: dict[str, Any]):
+    from engine.privacy import risk
+
+    config = run.get("config") or {}
+    q = float(run["sample_rate"])
+    sigma = float(run["noise_multiplier"])
+    steps = int(run.get("steps_done") or 0)
+    statistics = config.get("normalization_noise_multiplier") if config.get("normalization") == "dp" else None
+    if statistics is None:
+        return risk.dpsgd_privacy_profile(sample_rate=q, noise_multiplier=sigma, steps=steps), BASIS_PLD
+    from engine.privacy.feature_stats import gaussian_rdp
+    from engine.privacy.rdp import DEFAULT_ORDERS, compute_rdp
+
+    curve = compute_rdp(sample_rate=q, noise_multiplier=sigma, steps=steps) + gaussian_rdp(
+        noise_multiplier=float(statistics), orders=DEFAULT_ORDERS)
+    return risk.rdp_privacy_profile(orders=DEFAULT_ORDERS, rdp=curve), BASIS_RDP_STATISTICS
+
+
+def pate_data_independent_rdp(run: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(orders, RDP) of a PATE run's data-independent bound: every query asked pays the aggregator's
+    always-paid part (Confident GNMax's threshold check), every answered one its noisy argmax."""
+    from engine.privacy import pate as analysis
+
+    config = run.get("config") or {}
+    summary = run.get("summary") or {}
+    queries, answered = int(summary.get("queries") or 0), float(summary.get("answered") or 0)
+    orders = analysis.PATE_ORDERS
+    aggregator = config.get("aggregator")
+    always = np.zeros(orders.size)
+    if aggregator == "gnmax":
+        per_answer = analysis.gnmax_rdp_data_independent(sigma=config["gnmax_sigma"], orders=orders)
+    elif aggregator == "lnmax":
+        per_answer = analysis.lnmax_rdp_data_independent(laplace_scale=config["laplace_scale"], orders=orders)
+    else:
+        always = analysis.threshold_rdp_data_independent(sigma1=config["sigma1"], orders=orders)
+        per_answer = analysis.gnmax_rdp_data_independent(sigma=config["sigma2"], orders=orders)
+    return orders, queries * always + answered * per_answer
+
+
+def _pate_profile(run: dict[str, Any]):
+    from engine.privacy import risk
+
+    orders, curve = pate_data_independent_rdp(run)
+    return risk.rdp_privacy_profile(orders=orders, rdp=curve), BASIS_PATE_DI

@@ -1,0 +1,240 @@
+"""The membership-inference audit (engine.audit), the attack risk of stored runs (engine.attack_risk),
+`dpw audit` and `dpw show --risk`: pure statistics against brute force and sampling truth, then real
+runs on digits and MNIST."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from scipy.stats import norm
+
+from engine.attack_risk import pate_data_independent_rdp, run_attack_risk
+from engine.audit import membership
+from engine.audit.membership import check_against_theory, membership_audit, roc_curve
+from engine.cli import cli
+from engine.privacy import risk
+from engine.store import Store
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_export_report import train_in_store  # noqa: E402
+from test_pate_run import small_pate  # noqa: E402
+
+
+# ---- pure statistics ------------------------------------------------------------------------------
+def _brute_auc(m: np.ndarray, n: np.ndarray) -> float:
+    diff = m[:, None] - n[None, :]
+    return float(((diff > 0) + 0.5 * (diff == 0)).mean())
+
+
+def _brute_tpr_at_fpr(m: np.ndarray, n: np.ndarray, level: float) -> float:
+    """Best TPR over every rule "score > t" (t any score or -inf) with FPR <= level."""
+    best = 0.0
+    for t in np.concatenate([m, n, [-np.inf]]):
+        if (n > t).mean() <= level:
+            best = max(best, float((m > t).mean()))
+    return best
+
+
+def test_auc_roc_and_tpr_agree_with_brute_force_with_ties():
+    rng = np.random.default_rng(3)
+    m = np.round(rng.normal(0.7, 1.0, 300), 1)  # rounding makes ties, within and across the groups
+    n = np.round(rng.normal(0.0, 1.0, 400), 1)
+    assert membership.auc(member_scores=m, nonmember_scores=n) == pytest.approx(_brute_auc(m, n), abs=1e-12)
+    for level in (0.01, 0.05, 0.3, 0.001):
+        assert membership.tpr_at_fpr(member_scores=m, nonmember_scores=n, fpr=level) == pytest.approx(
+            _brute_tpr_at_fpr(m, n, level), abs=1e-12)
+    fpr, tpr = roc_curve(member_scores=m, nonmember_scores=n)
+    assert (fpr[0], tpr[0], fpr[-1], tpr[-1]) == (0.0, 0.0, 1.0, 1.0)
+    assert np.all(np.diff(fpr) >= 0) and np.all(np.diff(tpr) >= 0)
+    # The trapezoid area under the step-with-ties ROC is the AUC with ties counted one half.
+    assert np.trapezoid(tpr, fpr) == pytest.approx(_brute_auc(m, n), abs=1e-12)
+
+
+def test_bootstrap_interval_covers_the_true_auc_at_about_its_stated_rate():
+    """Members N(mu, 1), non-members N(0, 1): the true AUC is Phi(mu / sqrt 2)."""
+    rng = np.random.default_rng(20261124)
+    mu, trials, covered = 0.6, 150, 0
+    truth = float(norm.cdf(mu / math.sqrt(2.0)))
+    for _ in range(trials):
+        audit = membership_audit(member_scores=rng.normal(mu, 1.0, 250), nonmember_scores=rng.normal(0.0, 1.0, 250),
+                                 rng=rng, bootstrap=300, confidence=0.95)
+        lo, hi = audit.auc_interval
+        covered += lo <= truth <= hi
+    assert 0.88 * trials <= covered <= 0.995 * trials, f"covered {covered} of {trials}"
+
+
+def test_bootstrap_is_repeatable_from_the_generator_and_intervals_contain_the_estimate():
+    m, n = np.linspace(0, 2, 500), np.linspace(-0.5, 1.5, 700)
+    one = membership_audit(member_scores=m, nonmember_scores=n, rng=np.random.default_rng(5), bootstrap=200)
+    two = membership_audit(member_scores=m, nonmember_scores=n, rng=np.random.default_rng(5), bootstrap=200)
+    assert one.to_json() == two.to_json()
+    assert one.auc_interval[0] <= one.auc <= one.auc_interval[1]
+    for level, (lo, hi) in one.tpr_interval.items():
+        assert 0.0 <= lo <= hi <= 1.0
+    assert set(one.to_json()["tpr_at_fpr"]) == {"0.01", "0.001"}
+
+
+def _gdp_curve(mu: float) -> tuple[np.ndarray, np.ndarray]:
+    """The trade-off curve of mu-GDP [DRS19]: TPR = Phi(Phi^-1(FPR) + mu), exact for N(mu,1) vs N(0,1)."""
+    fpr = risk.DEFAULT_FPR
+    with np.errstate(divide="ignore"):
+        return fpr, norm.cdf(norm.ppf(fpr) + mu)
+
+
+def test_scores_above_the_theory_curve_are_flagged():
+    rng = np.random.default_rng(1)
+    theory_fpr, theory_tpr = _gdp_curve(0.5)
+    check = check_against_theory(member_scores=rng.normal(2.0, 1.0, 1000), nonmember_scores=rng.normal(0, 1, 1000),
+                                 theory_fpr=theory_fpr, theory_tpr=theory_tpr)
+    assert check.above_theory
+    assert "ABOVE THE THEORETICAL BOUND" in check.message
+    assert check.worst["tpr_lower"] > check.worst["theory_tpr"]
+
+
+def test_scores_that_respect_the_theory_curve_are_not_flagged_beyond_the_confidence_level():
+    """Scores drawn exactly at the bound (N(1,1) vs N(0,1) is 1-GDP) may be flagged at most about 5% of
+    the time; scores well inside it never."""
+    rng = np.random.default_rng(2)
+    at_bound, inside = 0, 0
+    fpr, tpr = _gdp_curve(1.0)
+    for _ in range(100):
+        at_bound += check_against_theory(member_scores=rng.normal(1.0, 1.0, 500), nonmember_scores=rng.normal(0, 1, 500),
+                                         theory_fpr=fpr, theory_tpr=tpr).above_theory
+        inside += check_against_theory(member_scores=rng.normal(0.5, 1.0, 500), nonmember_scores=rng.normal(0, 1, 500),
+                                       theory_fpr=fpr, theory_tpr=tpr).above_theory
+    assert inside == 0
+    assert at_bound <= 8
+
+
+def test_a_real_dpsgd_theory_curve_flags_a_leak_it_does_not_allow():
+    """The curve of a strongly private DP-SGD run (epsilon well below 1) against well-separated scores."""
+    figures = risk.dpsgd_attack_risk(sample_rate=0.01, noise_multiplier=3.0, steps=100, delta=1e-5)
+    rng = np.random.default_rng(4)
+    audit = membership_audit(member_scores=rng.normal(1.5, 1, 800), nonmember_scores=rng.normal(0, 1, 800), rng=rng,
+                             bootstrap=50, theory_fpr=figures.tradeoff_fpr, theory_tpr=figures.tradeoff_tpr)
+    assert audit.theory is not None and audit.theory.above_theory
+
+
+def test_bad_scores_are_refused_by_name():
+    with pytest.raises(ValueError, match="member_scores"):
+        membership.auc(member_scores=[], nonmember_scores=[1.0])
+    with pytest.raises(ValueError, match="nonmember_scores"):
+        membership.auc(member_scores=[1.0], nonmember_scores=[np.nan])
+
+
+def test_the_audit_package_is_pure():
+    import subprocess
+
+    code = ("import sys, engine.audit, engine.audit.membership; "
+            "bad = [m for m in ('torch', 'PySide6') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---- real runs ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def digits_runs(tmp_path_factory):
+    """A non-private MLP that memorises 100 digits, and a strongly private one on the same subset."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        store = Store(tmp_path_factory.mktemp("audit-store") / "runs.sqlite")
+        overfit, _ = train_in_store(store, name="overfit", dataset="digits", mechanism="none", model="mlp",
+                                    train_subset=100, expected_batch_size=50, epochs=80, learning_rate=0.5)
+        private, _ = train_in_store(store, name="private", dataset="digits", model="mlp", train_subset=100,
+                                    noise_multiplier=8.0, expected_batch_size=50, epochs=4, learning_rate=0.5)
+        seeded, _ = train_in_store(store, name="seeded", dataset="digits", model="mlp", train_subset=100,
+                                   noise_multiplier=1.0, expected_batch_size=50, epochs=1, learning_rate=0.5,
+                                   reproducible_noise=True)
+    finally:
+        torch.set_num_threads(before)
+    return store, {"overfit": overfit, "private": private, "seeded": seeded}
+
+
+def _invoke(*args: str):
+    result = CliRunner().invoke(cli, list(args))
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_show_risk_json_equals_the_pure_functions_on_the_stored_parameters(digits_runs):
+    store, ids = digits_runs
+    run = store.get_run(ids["private"])
+    out = json.loads(_invoke("show", str(ids["private"]), "--db", str(store.path), "--risk", "--json").output)
+    assert set(out) >= {"max_advantage", "tpr_at_fpr", "posterior", "tradeoff", "epsilon", "delta", "basis"}
+    expected = risk.dpsgd_attack_risk(sample_rate=run["sample_rate"], noise_multiplier=run["noise_multiplier"],
+                                      steps=run["steps_done"], delta=run["delta"]).to_json()
+    for key in ("max_advantage", "tpr_at_fpr", "posterior", "tradeoff", "epsilon", "delta"):
+        assert out[key] == expected[key], key
+    assert out["guarantee"] is True and out["run"] == ids["private"]
+    assert out["epsilon"] == pytest.approx(run["epsilon"], rel=0.02)  # the PLD profile agrees with the accountant
+
+
+def test_show_risk_states_no_bound_for_non_private_and_seeded_runs(digits_runs):
+    store, ids = digits_runs
+    for which, words in (("overfit", "non-private"), ("seeded", "reproducible noise")):
+        out = json.loads(_invoke("show", str(ids[which]), "--db", str(store.path), "--risk", "--json").output)
+        assert out["guarantee"] is False and out["tpr_at_fpr"] is None and words in out["reason"]
+        text = _invoke("show", str(ids[which]), "--db", str(store.path), "--risk").output
+        assert "no bound" in text and "TPR at FPR" not in text
+
+
+def test_audit_json_shape_and_an_overfit_model_leaks_while_a_private_one_does_not(digits_runs):
+    store, ids = digits_runs
+    results = {}
+    for which in ("overfit", "private"):
+        out = json.loads(_invoke("audit", str(ids[which]), "--db", str(store.path), "--json",
+                                 "--bootstrap", "300").output)
+        assert {"epsilon", "mia", "canaries"} <= set(out) and out["canaries"] is None
+        assert set(out["mia"]["tpr_at_fpr"]) == {"0.01", "0.001"}
+        assert out["mia"]["members"] == out["mia"]["nonmembers"] == 100
+        results[which] = out
+    overfit, private = results["overfit"]["mia"], results["private"]["mia"]
+    assert results["overfit"]["epsilon"] is None and overfit["theory"] is None
+    assert overfit["auc_interval"][0] > 0.55, overfit["auc"]
+    assert abs(private["auc"] - 0.5) < 0.1, private["auc"]
+    assert overfit["auc"] > private["auc"] + 0.1
+    assert results["private"]["epsilon"] == pytest.approx(store.get_run(ids["private"])["epsilon"])
+    assert private["theory"]["above_theory"] is False
+
+
+def test_audit_text_output_and_a_run_without_a_model(digits_runs, tmp_path):
+    store, ids = digits_runs
+    text = _invoke("audit", str(ids["private"]), "--db", str(store.path), "--bootstrap", "50").output
+    assert "AUC" in text and "TPR at FPR 1%" in text and "private data" in text
+    from engine.config import RunConfig
+
+    queued = store.create_run(RunConfig(name="queued", dataset="digits", noise_multiplier=1.0))
+    result = CliRunner().invoke(cli, ["audit", str(queued), "--db", str(store.path)])
+    assert result.exit_code == 1 and "no trained model" in result.output and "Traceback" not in result.output
+
+
+def test_pate_risk_comes_from_the_data_independent_curve_and_says_so(tmp_path, mnist_dir):
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        store = Store(tmp_path / "runs.sqlite")
+        run_id, _ = train_in_store(store, **small_pate(mnist_dir, num_queries=60, teacher_epochs=2, student_epochs=1))
+    finally:
+        torch.set_num_threads(before)
+    run = store.get_run(run_id)
+    summary = run["summary"]
+    result = run_attack_risk(run)
+    assert "data-independent" in result.basis
+    orders, curve = pate_data_independent_rdp(run)
+    from engine.privacy.rdp import rdp_to_epsilon
+
+    # The recomputed curve is the one the runner accounted: same epsilon.
+    assert rdp_to_epsilon(orders=orders, rdp=curve, delta=run["delta"]).value == pytest.approx(
+        summary["epsilon_data_independent"], rel=1e-9)
+    expected = risk.attack_risk(profile=risk.rdp_privacy_profile(orders=orders, rdp=curve), delta=summary["delta"])
+    assert result.risk.to_json() == expected.to_json()
+    assert summary["epsilon_data_independent"] <= result.risk.epsilon <= summary["epsilon_data_independent"] + 0.011
