@@ -20,7 +20,8 @@ from PySide6.QtWidgets import (
 
 from engine.publication import NO_GUARANTEE, carries_guarantee, pate_publishable
 from engine.report import budget_on_private_votes
-from workbench.plots import Plot, set_curve
+from workbench.plots import Plot, accountant_colour, set_curve
+from workbench.progress import progress, seconds_left
 from workbench.run_data import RunData
 
 # Events are batched between frames, never drawn one by one. Each tick redraws one plot whose run
@@ -126,9 +127,9 @@ class Dashboard(QWidget):
         page = QWidget()
         grid = QGridLayout(page)
         grid.setContentsMargins(0, 0, 0, 0)
-        self.acc_plot = Plot("Test accuracy", "step", "accuracy", legend=False)
-        self.loss_plot = Plot("Loss", "step", "loss")
-        self.eps_plot = Plot("Privacy spent", "step", "ε", corner="top-left")
+        self.acc_plot = Plot("Test accuracy", "step", "accuracy", legend=False, y_bounds=(0.0, 1.0))
+        self.loss_plot = Plot("Loss", "step", "loss", log_axis=True, y_bounds=(0.0, None))
+        self.eps_plot = Plot("Privacy spent", "step", "ε", log_axis=True, y_bounds=(0.0, None))
         self.curves = {
             "test_accuracy": self.acc_plot.curve("test accuracy", 0, symbol="o"),
             "train_loss": self.loss_plot.curve("train loss", 1, width=1),
@@ -137,6 +138,12 @@ class Dashboard(QWidget):
         self.eps_curves: dict[str, pg.PlotDataItem] = {}
         self.budget_line = self.eps_plot.hline(None, "budget")
         self.budget_anchor = self.eps_plot.anchor()
+        # Said on the plot when the live RDP bound passes the budget while the run's tight accountant
+        # (the one it stops on) stays below it: not a breach.
+        self.eps_note = pg.TextItem(anchor=(1, 1))
+        self.eps_note.setParentItem(self.eps_plot.getPlotItem().getViewBox())
+        self.eps_note.hide()
+        self.eps_plot.getPlotItem().getViewBox().sigResized.connect(self._place_eps_note)
         grid.addWidget(self.acc_plot, 0, 0)
         grid.addWidget(self.loss_plot, 0, 1)
         grid.addWidget(self.eps_plot, 1, 0, 1, 2)
@@ -151,10 +158,10 @@ class Dashboard(QWidget):
                                  "mean train loss", legend=False)
         # Accuracies of models trained without privacy on private data: shown here, never exported.
         self.teacher_acc_plot = Plot("Teachers (private: not covered by ε, never exported)", "teacher",
-                                     "held-out accuracy", legend=False)
-        self.pate_eps_plot = Plot("Privacy spent", "queries processed", "ε", corner="top-left")
-        self.counts_plot = Plot("Student queries", "queries processed", "count", corner="top-left")
-        self.student_plot = Plot("Student", "student step", "test accuracy", legend=False)
+                                     "held-out accuracy", legend=False, y_bounds=(0.0, 1.0))
+        self.pate_eps_plot = Plot("Privacy spent", "queries processed", "ε", log_axis=True, y_bounds=(0.0, None))
+        self.counts_plot = Plot("Student queries", "queries processed", "count")
+        self.student_plot = Plot("Student", "student step", "test accuracy", legend=False, y_bounds=(0.0, 1.0))
         self.pate_curves = {
             "teacher_train_loss": self.teacher_plot.curve("loss", 1, symbol="o"),
             "teacher_accuracy": self.teacher_acc_plot.curve("teachers", 0, width=0, symbol="o"),
@@ -185,13 +192,30 @@ class Dashboard(QWidget):
                 if plot.legend is not None:
                     plot.legend.removeItem(item)
             table.clear()
-        for item in list(self.curves.values()) + list(self.pate_curves.values()):
+        for item in list(self.curves.values()) + list(self.pate_curves.values()) + [self.ensemble_curve]:
             item.setData([], [])
+        for anchor in (self.budget_anchor, self.pate_budget_anchor):
+            anchor.setData([], [])
+        self.eps_note.hide()
         self._dirty = []
+        self._reset_axes(data)
         self.refresh(complete=True)
-        for plot in (self.acc_plot, self.loss_plot, self.eps_plot, self.teacher_plot, self.teacher_acc_plot,
-                     self.pate_eps_plot, self.counts_plot, self.student_plot):
+        for plot in self.plots():
             plot.enableAutoRange()
+
+    def plots(self) -> tuple[Plot, ...]:
+        return (self.acc_plot, self.loss_plot, self.eps_plot, self.teacher_plot, self.teacher_acc_plot,
+                self.pate_eps_plot, self.counts_plot, self.student_plot)
+
+    def _reset_axes(self, data: RunData | None) -> None:
+        """Start every plot from ranges of this run (its planned steps, its budget), so a queued or
+        failed run without curves never keeps the previous run's axes."""
+        steps = float(max(data.total, 1)) if data is not None and data.phase == "training" else 1.0
+        budget = data.budget if data is not None and data.budget else 1.0
+        for plot in self.plots():
+            plot.hover.hide()
+            top = budget if plot in (self.eps_plot, self.pate_eps_plot) else 1.0
+            plot.getPlotItem().getViewBox().setRange(xRange=(0.0, steps), yRange=(0.0, top), padding=0.02)
 
     def update_data(self, data: RunData) -> None:
         """Newer data of the run shown (read again from the store), keeping the user's zoom."""
@@ -211,16 +235,18 @@ class Dashboard(QWidget):
                 self._drawn_version = -2
             return
         # the time left moves even without events
-        self.time_left.setText(format_seconds(data.seconds_left()))
+        self.time_left.setText(format_seconds(seconds_left(data)))
         if data.version == self._drawn_version and not complete:
             return
         self._drawn_version = data.version
         self.title.setText(f"Run {data.run_id}: {data.name}  ({data.mechanism or '?'}, {data.status})")
         phase = PHASES.get(data.phase, data.phase)
         self.phase_label.setText(phase)
-        self.progress.setMaximum(max(data.total, 1))
-        self.progress.setValue(min(data.done, max(data.total, 1)) if data.total else (1 if data.finished else 0))
-        self.progress.setFormat("%v / %m" if data.total > 1 else "%p%")
+        bar = progress(data)
+        self.progress.setMaximum(max(bar.maximum, 1))
+        self.progress.setValue(bar.done if bar.maximum else 0)
+        self.progress.setFormat(bar.text)
+        self.progress.setToolTip(bar.tooltip)
         self.messages.show_messages(data)
         self._budget_text(data)
         self.pages.setCurrentWidget(self.pate_page if data.mechanism == "pate" else self.dpsgd_page)
@@ -306,17 +332,44 @@ class Dashboard(QWidget):
                 label = {"pate-dd": "data-dependent (private diagnostic, not publishable)",
                          "pate-di": "data-independent (publishable)",
                          "pate-released": "released (smooth sensitivity, publishable)",
-                         "rdp": "rdp (live)"}.get(name, name)
-                item = plot.curve(label, 4 + len(table), symbol="o" if name in ("pld", "pate-released") else None)
+                         "rdp": "rdp (live upper bound, looser)"}.get(name, name)
+                style = Qt.PenStyle.DashLine if name in ("rdp", "pate-dd") else Qt.PenStyle.SolidLine
+                item = plot.curve(label, accountant_colour(name), style=style,
+                                  symbol="o" if name in ("pld", "pate-released") else None)
                 table[name] = item
             set_curve(item, series.x, series.y)
         budget = data.budget
-        line.setVisible(budget is not None)
-        if budget is not None:
-            line.setValue(budget)
-            anchor.setData([0.0, 0.0], [0.0, budget])
+        plot.set_line(line, budget)
+        if budget is not None:  # from step 0 to the newest (1 before any): never a zero-width axis
+            last = max((float(s.x[-1]) for s in data.privacy.values() if len(s)), default=1.0)
+            anchor.setData([0.0, last], [0.0, budget])
         else:
             anchor.setData([], [])
+        if plot is self.eps_plot:
+            self._explain_live_bound(data)
+
+    def _explain_live_bound(self, data: RunData) -> None:
+        """A note on the privacy plot when the live RDP curve passes the budget but the run's own
+        (tighter) accountant, which the budget is checked against, does not."""
+        name, series = data.epsilon_series()
+        live = data.privacy.get("rdp")
+        budget = data.budget
+        crossed = (budget is not None and live is not None and len(live) and name not in (None, "rdp")
+                   and float(np.nanmax(live.y)) > budget and series is not None and len(series)
+                   and float(np.nanmax(series.y)) <= budget)
+        if not crossed:
+            self.eps_note.hide()
+            return
+        self.eps_note.setText(f"The budget is checked against {name} (tight): {series.last():.3g} ≤ {budget:g}.\n"
+                              "rdp (live) is a looser upper bound shown while training; passing the budget "
+                              "line is not a breach.")
+        self.eps_note.setColor(self.eps_plot.getPlotItem().getAxis("left").textPen().color())
+        self._place_eps_note()
+        self.eps_note.show()
+
+    def _place_eps_note(self) -> None:
+        rect = self.eps_plot.getPlotItem().getViewBox().boundingRect()
+        self.eps_note.setPos(rect.right() - 6, rect.bottom() - 4)
 
     def _draw_teacher_loss(self, data: RunData) -> None:
         series = data.metrics.get("teacher_train_loss")

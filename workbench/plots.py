@@ -1,12 +1,19 @@
-"""pyqtgraph plots that follow the system palette and stay smooth with long curves."""
+"""pyqtgraph plots that follow the system palette and stay smooth with long curves, with a hover
+read-out of exact values, an optional log axis, and export of the picture (PNG/SVG) and data (CSV)."""
 
 from __future__ import annotations
 
+import csv
+import math
+from pathlib import Path
+
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, Qt, QTimer
-from PySide6.QtGui import QColor, QPalette
-from PySide6.QtWidgets import QApplication
+import pyqtgraph.exporters  # noqa: F401  (registers pg.exporters)
+from PySide6.QtCore import QEvent, QPointF, QRect, QSize, Qt, QTimer
+from PySide6.QtGui import QColor, QPainter, QPalette
+from PySide6.QtSvg import QSvgGenerator
+from PySide6.QtWidgets import QApplication, QFileDialog, QMenu
 
 pg.setConfigOptions(antialias=False, useNumba=False)
 
@@ -15,12 +22,28 @@ SERIES_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564
                   "#bcbd22", "#17becf")
 
 
-# pyqtgraph legend offsets: positive from the left/top, negative from the right/bottom.
-LEGEND_OFFSETS = {"top-right": (-10, 10), "top-left": (10, 10), "bottom-right": (-10, -10), "bottom-left": (10, -10)}
+
+# One colour per accountant in every view (dashboard, compare, votes), whatever order curves arrive in.
+ACCOUNTANT_COLOURS = {"pld": 4, "rdp": 5, "prv": 9, "gdp": 8, "pate-di": 4, "pate-released": 9, "pate-dd": 7,
+                      "publishable": 4}
+HOVER_RADIUS_PX = 20  # the read-out names the nearest point within this many pixels
 
 
 def colour(index: int) -> QColor:
     return QColor(SERIES_COLOURS[index % len(SERIES_COLOURS)])
+
+
+def accountant_colour(name: str) -> int:
+    """The colour index of an accountant's curve (the same in every view)."""
+    return ACCOUNTANT_COLOURS.get(name, 6)
+
+
+def format_value(value: float) -> str:
+    if not math.isfinite(value):
+        return str(value)
+    if value == int(value) and abs(value) < 1e9:
+        return f"{int(value):,}"
+    return f"{value:.4g}"
 
 
 def palette_colours() -> tuple[QColor, QColor]:
@@ -33,9 +56,15 @@ class Plot(pg.PlotWidget):
     """A plot with palette colours, axis labels, a legend and a grid; re-coloured on palette change."""
 
     def __init__(self, title: str = "", x_label: str = "", y_label: str = "", parent=None, legend: bool = True,
-                 corner: str = "top-right"):
+                 corner: str = "", log_axis: bool = False,
+                 y_bounds: tuple[float | None, float | None] | None = None):
+        """`log_axis`: offer a log value axis in the context menu; `y_bounds`: the value axis never
+        leaves them (accuracy: (0, 1)). `corner` is accepted for older callers: legends sit under the plot."""
         super().__init__(parent=parent)
         self._title = title
+        self.log_axis_offered = log_axis
+        self.y_bounds = y_bounds
+        self.log_y = False
         item = self.getPlotItem()
         item.setLabel("bottom", x_label)
         item.setLabel("left", y_label)
@@ -46,8 +75,27 @@ class Plot(pg.PlotWidget):
             axis.setStyle(maxTickLevel=0)
         item.showGrid(x=True, y=True, alpha=0.2)
         item.setMenuEnabled(False)
-        self.legend = item.addLegend(offset=LEGEND_OFFSETS[corner]) if legend else None
+        self.legend = self._legend_below() if legend else None
+        self._apply_bounds()
+        self.log_y = False
+        self._lines: list[tuple[pg.InfiniteLine, float | None]] = []
+        self.hover = pg.TextItem(anchor=(0, 1))
+        self.hover.setZValue(1000)
+        self.hover.hide()
+        item.addItem(self.hover, ignoreBounds=True)
+        self.scene().sigMouseMoved.connect(self._mouse_moved)
+        self.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.customContextMenuRequested.connect(self._context_menu)
         self.apply_palette()
+
+    def _legend_below(self) -> pg.LegendItem:
+        """The legend as a row under the x axis, never over the curves or the budget line."""
+        item = self.getPlotItem()
+        legend = pg.LegendItem(colCount=4, horSpacing=12, verSpacing=-6)
+        legend.setParentItem(None)
+        item.layout.addItem(legend, 4, 1)
+        item.legend = legend  # named curves added to the plot join it
+        return legend
 
     def apply_palette(self) -> None:
         background, foreground = palette_colours()
@@ -61,9 +109,9 @@ class Plot(pg.PlotWidget):
             item.setTitle(self._title, color=foreground.name())
         if self.legend is not None:
             self.legend.setLabelTextColor(foreground)
-            fill = QColor(background)
-            fill.setAlpha(200)
-            self.legend.setBrush(pg.mkBrush(fill))
+            self.legend.setBrush(pg.mkBrush(background))
+        self.hover.setColor(foreground)
+        self.hover.fill = pg.mkBrush(QColor(background))
 
     def showEvent(self, event) -> None:  # noqa: N802
         # Curves set while hidden were downsampled for a zero-size view; redo them at the real size.
@@ -108,14 +156,155 @@ class Plot(pg.PlotWidget):
         self.addItem(item)
         return item
 
+    # ---- hover read-out ------------------------------------------------------------------------
+    def named_curves(self) -> list[pg.PlotDataItem]:
+        return [c for c in self.getPlotItem().listDataItems()
+                if isinstance(c, pg.PlotDataItem) and c.name() and c.xData is not None and len(c.xData)]
+
+    def nearest(self, scene_pos: QPointF) -> tuple[str, float, float] | None:
+        """(curve name, x, y) of the data point nearest `scene_pos` within HOVER_RADIUS_PX, exact values."""
+        view = self.getPlotItem().getViewBox()
+        if not view.sceneBoundingRect().contains(scene_pos):
+            return None
+        best = None
+        for curve in self.named_curves():
+            x, y = np.asarray(curve.xData, dtype=float), np.asarray(curve.yData, dtype=float)
+            shown_y = np.log10(np.where(y > 0, y, np.nan)) if self.log_y else y
+            keep = np.isfinite(shown_y)
+            if not keep.any():
+                continue
+            points = [view.mapViewToScene(QPointF(a, b)) for a, b in zip(x[keep], shown_y[keep])] \
+                if keep.sum() <= 2000 else None
+            if points is None:  # long curves: look near the mouse's x only
+                mouse = view.mapSceneToView(scene_pos)
+                i = int(np.clip(np.searchsorted(x[keep], mouse.x()), 0, keep.sum() - 1))
+                candidates = range(max(i - 2, 0), min(i + 3, int(keep.sum())))
+                points = {j: view.mapViewToScene(QPointF(x[keep][j], shown_y[keep][j])) for j in candidates}
+            else:
+                points = dict(enumerate(points))
+            for j, point in points.items():
+                distance = math.hypot(point.x() - scene_pos.x(), point.y() - scene_pos.y())
+                if distance <= HOVER_RADIUS_PX and (best is None or distance < best[0]):
+                    best = (distance, curve.name(), float(x[keep][j]), float(y[keep][j]))
+        return None if best is None else best[1:]
+
+    def readout(self, scene_pos: QPointF) -> str:
+        """The hover text at `scene_pos`: the nearest point's curve and exact x, y, or ""."""
+        found = self.nearest(scene_pos)
+        if found is None:
+            return ""
+        name, x, y = found
+        item = self.getPlotItem()
+        x_label = item.getAxis("bottom").labelText or "x"
+        y_label = item.getAxis("left").labelText or "y"
+        return f"{name}\n{x_label} {format_value(x)}, {y_label} {format_value(y)}"
+
+    def _mouse_moved(self, scene_pos: QPointF) -> None:
+        text = self.readout(scene_pos)
+        if not text:
+            self.hover.hide()
+            return
+        self.hover.setText(text)
+        self.hover.setPos(self.getPlotItem().getViewBox().mapSceneToView(scene_pos))
+        self.hover.show()
+
+    def leaveEvent(self, event) -> None:  # noqa: N802
+        self.hover.hide()
+        super().leaveEvent(event)
+
+    # ---- log axis, export -------------------------------------------------------------------------
+    def _apply_bounds(self) -> None:
+        """Keep the value axis within `y_bounds` (in a log scale the bounds no longer apply)."""
+        low, high = self.y_bounds if self.y_bounds is not None and not self.log_y else (None, None)
+        self.getPlotItem().getViewBox().setLimits(yMin=-1e307 if low is None else low,
+                                                  yMax=1e307 if high is None else high)  # pyqtgraph's "none"
+
+    def set_log_y(self, on: bool) -> None:
+        """Log scale on the value axis; reference lines (the budget) move with it."""
+        self.log_y = on
+        self.getPlotItem().setLogMode(y=on)
+        self._apply_bounds()
+        for line, value in self._lines:
+            self._place(line, value)
+        self.getPlotItem().enableAutoRange()
+
+    def _place(self, line: pg.InfiniteLine, value: float | None) -> None:
+        if value is not None:
+            line.setValue(math.log10(value) if self.log_y and value > 0 else value)
+
+    def set_line(self, line: pg.InfiniteLine, value: float | None) -> None:
+        """Move a reference line made by `hline` to `value` (hidden for None), in linear or log scale."""
+        self._lines = [(l, value if l is line else v) for l, v in self._lines]
+        line.setVisible(value is not None)
+        self._place(line, value)
+
+    def export_image(self, path: str | Path) -> Path:
+        """Save the plot as it looks: PNG, or SVG by the file's suffix."""
+        path = Path(path)
+        if path.suffix.lower() != ".svg":
+            pg.exporters.ImageExporter(self.getPlotItem()).export(str(path))
+            return path
+        # Qt's own SVG painter: pyqtgraph's SVGExporter cannot parse the paths recent Qt versions write.
+        generator = QSvgGenerator()
+        generator.setFileName(str(path))
+        generator.setSize(QSize(self.width(), self.height()))
+        generator.setViewBox(QRect(0, 0, self.width(), self.height()))
+        generator.setTitle(self._title or "plot")
+        painter = QPainter(generator)
+        try:
+            self.render(painter)
+        finally:
+            painter.end()
+        return path
+
+    def export_csv(self, path: str | Path) -> Path:
+        """Save the plotted data, one row per point: curve, x, y (exact values, not downsampled)."""
+        path = Path(path)
+        item = self.getPlotItem()
+        x_label = item.getAxis("bottom").labelText or "x"
+        y_label = item.getAxis("left").labelText or "y"
+        with path.open("w", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["curve", x_label, y_label])
+            for curve in self.named_curves():
+                for x, y in zip(curve.xData, curve.yData):
+                    writer.writerow([curve.name(), repr(float(x)), repr(float(y))])
+        return path
+
+    def _context_menu(self, pos) -> None:
+        menu = QMenu(self)
+        if self.log_axis_offered:
+            log = menu.addAction("Log scale")
+            log.setCheckable(True)
+            log.setChecked(self.log_y)
+            log.toggled.connect(self.set_log_y)
+        menu.addAction("Fit to data", lambda: self.getPlotItem().enableAutoRange())
+        menu.addSeparator()
+        menu.addAction("Save plot as PNG or SVG…", self._save_image)
+        menu.addAction("Save data as CSV…", self._save_csv)
+        menu.popup(self.mapToGlobal(pos))
+
+    def _file_name(self, suffix: str) -> str:
+        return "".join(c if c.isalnum() else "-" for c in (self._title or "plot").lower()).strip("-") + suffix
+
+    def _save_image(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save plot", self._file_name(".png"),
+                                              "PNG image (*.png);;SVG drawing (*.svg)")
+        if path:
+            self.export_image(path)
+
+    def _save_csv(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save plot data", self._file_name(".csv"), "CSV (*.csv)")
+        if path:
+            self.export_csv(path)
+
     def hline(self, value: float | None, label: str = "") -> pg.InfiniteLine:
         _, foreground = palette_colours()
         line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(QColor("#d62728"), width=1.5,
                                                                     style=Qt.PenStyle.DashLine),
                                label=label, labelOpts={"position": 0.97, "color": foreground, "anchors": [(1, 1), (1, 1)]})
-        if value is not None:
-            line.setValue(value)
-        line.setVisible(value is not None)
+        self._lines.append((line, value))
+        self.set_line(line, value)
         self.addItem(line, ignoreBounds=True)
         return line
 
