@@ -131,6 +131,52 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
         sys.exit(1)
 
 
+@cli.command()
+@click.argument("study_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@db_option
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where registered datasets' files are (overrides the base config's data_dir).")
+@click.option("--json", "as_json", is_flag=True, help="Print the study's and its runs' events as JSON lines.")
+def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: bool) -> None:
+    """Run a tuning study from a TOML file: candidate runs of one base config over a search space,
+    and one epsilon for the group (private: only the best run is released; composition: all runs;
+    exploratory: nothing claimed for the choice).
+
+    Example: dpw study resources/examples/study-digits.toml
+    """
+    from engine.study import run_study
+    from engine.study_config import StudyConfig
+
+    config = StudyConfig.load_toml(study_file)
+    if data_dir is not None:
+        config = config.with_data_dir(str(data_dir.resolve()))
+    elif config.base.data_dir and not Path(config.base.data_dir).is_absolute():
+        config = config.with_data_dir(str((study_file.parent / config.base.data_dir).resolve()))
+    store = open_store(db)
+    store.check_writable()
+
+    def emit(kind: str, **payload: Any) -> None:
+        if as_json:
+            click.echo(json.dumps({"type": kind, **payload}, default=str))
+        elif kind == "candidate":
+            setting = ", ".join(f"{k} = {v!r}" for k, v in payload["setting"].items())
+            click.echo(f"candidate {payload['index']}: run {payload['run_id']} ({setting})", err=True)
+
+    result = run_study(config, store, lambda run_id: follow_runner(store.path, run_id, as_json=as_json, store=store),
+                       emit=emit)
+    if as_json:
+        return
+    row = store.get_study(result.study_id)
+    click.echo(f"study {row['id']} ({row['name']}, {row['mode']}): {row['status']}, {len(result.run_ids)} runs")
+    if row.get("epsilon") is not None:
+        click.echo(f"  privacy        ε = {row['epsilon']:.4f}, δ = {row['delta']:g} ({row['accountant']})")
+    if result.released_run_id is not None:
+        label = "released" if config.mode != "exploratory" else "selected"
+        click.echo(f"  {label:<14} run {result.released_run_id}: dpw show {result.released_run_id}")
+    elif config.mode == "private":
+        click.echo("  released       nothing (no candidate finished)")
+
+
 def runner_command(db_path: Path, run_id: int) -> list[str]:
     return [sys.executable, "-m", "engine.runner", str(run_id), "--db", str(db_path)]
 
@@ -263,6 +309,8 @@ def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = Fals
                      + ("" if eps.guarantee else "  NO GUARANTEE"))
     elif run_row.get("mechanism") == "none":
         lines.append("  privacy        none (non-private baseline)")
+    if eps.note:
+        lines.append(f"  study          {eps.note}")
     if run_row.get("mechanism") in ("dpsgd", "pate") and not eps.guarantee:
         lines.append(f"  caveat         {NO_GUARANTEE_STATEMENT} (reproducible_noise = true)")
     summary = run_row.get("summary") or {}
@@ -449,7 +497,7 @@ def run_details(store, run_ref: str, *, include_teacher_stats: bool = False) -> 
     run_id = run_row["id"]
     eps = publishable_epsilon(run_row)
     run_row.update(epsilon=eps.value, delta=eps.delta, accountant=eps.accountant, guarantee=eps.guarantee,
-                   randomness=randomness(run_row))
+                   randomness=randomness(run_row), study_note=eps.note)
     if run_row.get("summary"):
         summary = {k: v for k, v in run_row["summary"].items() if include_teacher_stats or k not in TEACHER_STATS}
         if "epsilon" in summary:  # a PATE run stored before the publishable epsilon led holds the data-dependent one

@@ -72,7 +72,10 @@ def load_trained_model(store: Store, run_ref: str | int, *, kind: str = "model")
     """The released model of a finished or stopped run, rebuilt from its saved weights."""
     from engine.models import build_model
 
+    from engine.publication import check_releasable
+
     run = store.find_run(run_ref)
+    check_releasable(run)
     if kind in REFUSED_KINDS:
         raise DPWError(f"cannot export the {kind} of run {run['id']}: {REFUSED_KINDS[kind]}")
     artifacts = [a for a in store.artifacts(run["id"]) if a["kind"] == kind]

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.errors import DPWError
+
 NO_GUARANTEE_STATEMENT = "No differential privacy guarantee: the noise is reproducible from the published seed"
 NO_GUARANTEE = "no guarantee"
 NOT_PUBLISHABLE = "not publishable: a function of the private votes"
@@ -106,6 +108,18 @@ def publishable_epsilon(run: dict[str, Any]) -> PublishableEpsilon:
             if mode == "private" else "one of the runs of a study, all releasable; this epsilon composes all of them")
     return PublishableEpsilon(float(study["epsilon"]), study.get("delta"), study.get("accountant"), own.guarantee,
                               note=f"{note} ({name})")
+
+
+def check_releasable(run: dict[str, Any]) -> None:
+    """Refuse a candidate of a private study that was not released: its model and scores never leave
+    the store (the study's epsilon covers releasing the best candidate only)."""
+    eps = publishable_epsilon(run)
+    if eps.withheld:
+        released = (run.get("study") or {}).get("released_run_id")
+        raise DPWError(f"run {run['id']} ({run['name']}) is {eps.note}; its model and scores are never exported "
+                       "or reported (the study's epsilon covers only the released run)",
+                       hint=f"use the released run {released}" if released is not None else
+                       "a private study releases its best candidate once it has finished")
 
 
 def run_epsilon(run: dict[str, Any]) -> PublishableEpsilon:

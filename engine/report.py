@@ -26,6 +26,7 @@ from engine.publication import (
     NOT_PUBLISHABLE,
     PATE_DATA_INDEPENDENT,
     PATE_RELEASED,
+    check_releasable,
     public_dataset_name,
     publishable_epsilon,
     publishable_pate_curve,
@@ -93,6 +94,8 @@ def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
     )
     if mechanism == "pate":
         statement += pate_statement(run)
+    if eps.note:
+        statement += f" Tuning study: {eps.note}."
     if not eps.guarantee:
         statement = (f"{NO_GUARANTEE_STATEMENT} (reproducible_noise = true, a debugging setting): anyone who "
                      f"knows the seed can rebuild every noise draw and sampled batch and remove them. The "
@@ -161,6 +164,7 @@ def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
         "Treated as public: the test metrics. Test accuracy is measured on held-out data, without privacy: "
         "the guarantee does not protect that data, and if it is sensitive the reported accuracies reveal "
         "something about it.",
+        f"Tuning study: {publishable_epsilon(run).note}." if publishable_epsilon(run).note else
         "It covers this one run. Trying several settings on the same data and publishing the best run "
         "spends privacy for every run tried; their epsilons add up (at least), and this report counts one.",
     ]
@@ -243,6 +247,7 @@ def build_report(store: Store, run_ref: str | int, *, include_votes: bool = Fals
                  include_teacher_stats: bool = False, figures: bool = True) -> dict[str, Any]:
     """Every field of the report as plain data (what the JSON file holds)."""
     run = store.find_run(run_ref)
+    check_releasable(run)
     if run["status"] in ("queued", "running"):
         raise DPWError(f"run {run['id']} is {run['status']}; a report needs a finished, stopped or failed run")
     run_id = run["id"]

@@ -72,6 +72,9 @@ class StudyConfig:
         """The run config of one candidate: the base with `setting` applied (validated by RunConfig)."""
         return candidate_config(self.base, setting, name=f"{self.name}/{index}")
 
+    def with_data_dir(self, data_dir: str) -> "StudyConfig":
+        return dataclasses.replace(self, base=self.base.replace(data_dir=data_dir))
+
     def to_dict(self) -> dict[str, Any]:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         values["base"] = self.base.to_dict()
@@ -140,11 +143,8 @@ class StudyConfig:
             if self.mean_runs is None:
                 raise ConfigError("mean_runs", "a private study needs the mean number of candidate runs",
                                   hint="set mean_runs, e.g. 3")
-            low = 0.0 if math.isinf(self.shape) else 1.0
-            if not (self.mean_runs > low if math.isinf(self.shape) else self.mean_runs >= low) or \
-                    self.mean_runs > MAX_CANDIDATES:
-                raise ConfigError("mean_runs", f"{self.mean_runs:g} is out of range; allowed: "
-                                  f"{'above 0' if math.isinf(self.shape) else 'at least 1'} and at most "
+            if not 1 <= self.mean_runs <= MAX_CANDIDATES:
+                raise ConfigError("mean_runs", f"{self.mean_runs:g} is out of range; allowed: from 1 to "
                                   f"{MAX_CANDIDATES}")
             return
         for key in ("mean_runs", "shape", "score_noise_multiplier"):

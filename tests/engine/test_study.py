@@ -1,0 +1,262 @@
+"""Tuning studies: their files, how many candidates a private study runs, and the epsilon every view
+states for a study's runs (real runs on the bundled digits, real stores, the real `dpw`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from engine.cli import cli
+from engine.errors import ConfigError, DPWError
+from engine.export import export_run
+from engine.privacy.rdp import DEFAULT_ORDERS, compute_rdp, rdp_to_epsilon
+from engine.privacy.tuning import repeat_and_select_rdp, tuning_epsilon
+from engine.publication import EXPLORATORY_NOTE, publishable_epsilon, run_epsilon
+from engine.report import build_report
+from engine.runner import execute
+from engine.store import MIGRATIONS, SCHEMA_VERSION, Store
+from engine.study import StudyPlan, plan_candidates, private_study_epsilon, run_study
+from engine.study_config import StudyConfig
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = 300  # digits training subset: N is public in every plan, so the tests can recompute the epsilon
+BASE = {"name": "base", "dataset": "digits", "model": "mlp", "mechanism": "dpsgd", "noise_multiplier": 1.0,
+        "clipping_norm": 1.0, "delta": 1e-5, "expected_batch_size": 60, "epochs": 1, "learning_rate": 1.0,
+        "evaluations_per_epoch": 1, "train_subset": TRAIN, "seed": 0}
+
+
+def study(**values) -> StudyConfig:
+    """A study of BASE (values set to None are left out of the file)."""
+    base = {**BASE, **values.pop("base", {})}
+    raw = {"name": "s", "mode": "private", "mean_runs": 3, "space": {"learning_rate": [0.5, 1.0]}, **values}
+    return StudyConfig.from_dict({**{k: v for k, v in raw.items() if v is not None}, "base": base})
+
+
+def launcher(store: Store):
+    """Execute each candidate in this process, as the runner does (no progress on the test's output)."""
+    return lambda run_id: execute(store, run_id, stream=open(os.devnull, "w"))
+
+
+def training_rdp(noise_multiplier: float, steps: int = 5) -> np.ndarray:
+    return compute_rdp(sample_rate=BASE["expected_batch_size"] / TRAIN, noise_multiplier=noise_multiplier,
+                       steps=steps, orders=DEFAULT_ORDERS)
+
+
+# ---- the study file -------------------------------------------------------------------------------
+@pytest.mark.parametrize("values, field, words", [
+    ({"mode": "tuning"}, "mode", "is not one of private, composition, exploratory"),
+    ({"mean_run": 3}, "mean_run", "did you mean 'mean_runs'"),
+    ({"search": "grid"}, "search", "drawn at random"),
+    ({"num_candidates": 4}, "num_candidates", "at random"),
+    ({"mean_runs": None}, "mean_runs", "needs the mean number"),
+    ({"mean_runs": 0.5}, "mean_runs", "out of range"),
+    ({"shape": -2}, "shape", "above -1"),
+    ({"space": {"momentum": [0.9]}}, "space.momentum", "cannot be searched"),
+    ({"space": {"learning_rate": []}}, "space.learning_rate", "non-empty list"),
+    ({"space": {"epochs": [1, 0]}}, "space.epochs", "out of range"),
+    ({"space": {"noise_multiplier": [1.0], "target_epsilon": [2.0]}}, "space.target_epsilon", "together"),
+    ({"base": {"epochs": -1}}, "base.epochs", "out of range"),
+    ({"base": {"mechanism": "pate"}}, "base.mechanism", "DP-SGD"),
+    ({"mode": "composition"}, "mean_runs", "private studies only"),
+    ({"mode": "exploratory", "mean_runs": None, "search": "random"}, "num_candidates", "number of runs"),
+])
+def test_study_file_errors_name_the_field(values, field, words):
+    with pytest.raises(ConfigError) as caught:
+        study(**values)
+    assert caught.value.field == field
+    assert str(caught.value).startswith(f"{field}: ") and words in f"{caught.value} {caught.value.hint}"
+
+
+def test_a_noise_setting_in_the_space_replaces_the_bases():
+    config = study(base={"noise_multiplier": None, "target_epsilon": 3.0}, space={"noise_multiplier": [0.8, 1.2]})
+    candidate = config.candidate({"noise_multiplier": 0.8}, 1)
+    assert candidate.noise_multiplier == 0.8 and candidate.target_epsilon is None and candidate.name == "s/1"
+
+
+def test_dpw_study_refuses_a_bad_file_in_one_line(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('name = "bad"\nmode = "private"\nmean_runs = 3\n[base]\ndataset = "digits"\nnoise_multiplier = 1.0'
+                    '\n[space]\nlearning_rate = [0.0]\n')
+    result = CliRunner().invoke(cli, ["study", str(path), "--db", str(tmp_path / "runs.sqlite")])
+    assert result.exit_code == 1
+    assert result.output.startswith("error: space.learning_rate: ") and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "runs.sqlite").exists() or not Store(tmp_path / "runs.sqlite").list_studies()
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "resources" / "examples").glob("study-*.toml")), ids=lambda p: p.name)
+def test_every_example_study_is_valid_and_points_nowhere_private(path):
+    config = StudyConfig.load_toml(path)
+    assert config.name == path.stem
+    assert "../shared" not in path.read_text()
+
+
+# ---- the number of candidates ---------------------------------------------------------------------
+def test_a_private_study_draws_its_number_of_runs_from_secret_randomness():
+    config = study(mean_runs=8, space={"learning_rate": [0.5, 1.0, 2.0]})
+    first = [len(plan_candidates(config).configs) for _ in range(25)]
+    second = [len(plan_candidates(config).configs) for _ in range(25)]
+    assert first != second  # same config and seed, fresh OS entropy each time
+    assert 4 < np.mean(first + second) < 14
+    seeded = study(mean_runs=8, space={"learning_rate": [0.5, 1.0, 2.0]}, base={"reproducible_noise": True})
+    assert len({len(plan_candidates(seeded).configs) for _ in range(10)}) == 1  # reproducible from the seed
+    other_seed = study(mean_runs=8, space={"learning_rate": [0.5, 1.0, 2.0]}, base={"seed": 1})
+    assert [len(plan_candidates(other_seed).configs) for _ in range(25)] != first
+
+
+def test_a_grid_runs_every_combination_and_a_public_random_search_is_reproducible():
+    grid = study(mode="composition", mean_runs=None, search="grid",
+                 space={"learning_rate": [0.5, 1.0], "clipping_norm": [0.5, 1.0, 2.0]})
+    assert len(plan_candidates(grid).settings) == 6
+    random = study(mode="exploratory", mean_runs=None, search="random", num_candidates=5)
+    assert plan_candidates(random).settings == plan_candidates(random).settings
+
+
+def test_a_private_study_that_draws_no_candidate_releases_nothing(tmp_path):
+    config = study(shape="poisson", mean_runs=1)  # P[K = 0] = 1/e; the empty draw is fixed here
+    store = Store(tmp_path / "runs.sqlite")
+    result = run_study(config, store, launcher(store), plan=StudyPlan([], []))
+    row = store.get_study(result.study_id)
+    assert row["status"] == "finished" and row["released_run_id"] is None and row["num_candidates"] == 0
+    assert row["epsilon"] == pytest.approx(private_study_epsilon(config, TRAIN).value)
+    assert store.list_runs() == []
+
+
+# ---- the study's epsilon ----------------------------------------------------------------------------
+def test_the_private_epsilon_is_tuning_epsilon_when_the_score_costs_nothing():
+    config = study(mean_runs=5, shape=0.5, score_noise_multiplier=1e9)
+    expected = tuning_epsilon(sample_rate=BASE["expected_batch_size"] / TRAIN, noise_multiplier=1.0, steps=5,
+                              delta=1e-5, mean_runs=5, shape=0.5)
+    assert private_study_epsilon(config, TRAIN).value == pytest.approx(expected.epsilon.value, rel=1e-9)
+    assert expected.epsilon.value > expected.single_run.value
+
+
+def test_the_private_epsilon_covers_the_noisiest_setting_and_the_score():
+    config = study(space={"noise_multiplier": [0.7, 1.5]}, score_noise_multiplier=3.0)
+    curve = np.maximum(training_rdp(0.7), training_rdp(1.5)) + DEFAULT_ORDERS / (2 * 3.0**2)
+    expected = rdp_to_epsilon(orders=DEFAULT_ORDERS, delta=1e-5, rdp=repeat_and_select_rdp(
+        orders=DEFAULT_ORDERS, rdp=curve, mean_runs=3, shape=1.0))
+    assert private_study_epsilon(config, TRAIN).value == pytest.approx(expected.value, rel=1e-9)
+
+
+@pytest.fixture(scope="module")
+def private_study(tmp_path_factory):
+    """A private study of two candidates, run for real; K's draw is tested above, so the plan is fixed here."""
+    config = study(space={"learning_rate": [0.5, 2.0]}, score_noise_multiplier=2.0)
+    store = Store(tmp_path_factory.mktemp("private") / "runs.sqlite")
+    settings = [{"learning_rate": 0.5}, {"learning_rate": 2.0}]
+    plan = StudyPlan(settings, [config.candidate(s, i + 1) for i, s in enumerate(settings)])
+    result = run_study(config, store, launcher(store), plan=plan)
+    return config, store, result
+
+
+def test_a_private_study_releases_its_best_candidate_with_the_studys_epsilon(private_study):
+    config, store, result = private_study
+    assert result.status == "finished" and len(result.run_ids) == 2
+    assert result.released_run_id == max(result.scores, key=result.scores.get)
+    released = store.get_run(result.released_run_id)
+    eps = publishable_epsilon(released)
+    assert eps.value == pytest.approx(private_study_epsilon(config, TRAIN).value)
+    assert eps.accountant == "rdp-repeat-and-select" and eps.guarantee
+    single = run_epsilon(released).value
+    assert single is not None and eps.value > single  # never the lone run's
+    listed = json.loads(CliRunner().invoke(cli, ["list", "--db", str(store.path), "--json"]).output)
+    assert {r["id"]: r["epsilon"] for r in listed}[result.released_run_id] == pytest.approx(eps.value)
+    shown = json.loads(CliRunner().invoke(cli, ["show", str(result.released_run_id), "--db", str(store.path),
+                                                "--json"]).output)
+    assert shown["run"]["epsilon"] == pytest.approx(eps.value)
+    report = build_report(store, result.released_run_id, figures=False)
+    assert report["guarantee"]["epsilon"] == pytest.approx(eps.value)
+    assert "covers the search" in report["guarantee"]["statement"]
+    assert "2 runs" not in report["guarantee"]["statement"]  # K is not part of what a private study releases
+    assert any("covers the search" in caveat for caveat in report["caveats"])
+
+
+def test_a_candidate_that_was_not_released_is_never_exported(private_study, tmp_path):
+    _, store, result = private_study
+    (withheld,) = [r for r in result.run_ids if r != result.released_run_id]
+    with pytest.raises(DPWError, match="not released"):
+        export_run(store, withheld, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(DPWError, match="never exported or reported"):
+        build_report(store, withheld, figures=False)
+    cli_result = CliRunner().invoke(cli, ["export", str(withheld), "--db", str(store.path), "--out",
+                                          str(tmp_path / "out")])
+    assert cli_result.exit_code == 1 and cli_result.output.startswith("error: run ")
+    assert f"use the released run {result.released_run_id}" in cli_result.output
+    assert len(cli_result.output.strip().splitlines()) == 1
+    assert publishable_epsilon(store.get_run(withheld)).value is None
+
+
+def test_a_composition_study_states_the_sum_of_its_runs(tmp_path):
+    config = study(mode="composition", mean_runs=None, search="grid", space={"noise_multiplier": [0.8, 1.5]})
+    store = Store(tmp_path / "runs.sqlite")
+    result = run_study(config, store, launcher(store))
+    expected = rdp_to_epsilon(orders=DEFAULT_ORDERS, rdp=training_rdp(0.8) + training_rdp(1.5), delta=1e-5)
+    assert result.epsilon.value == pytest.approx(expected.value, rel=1e-9)
+    for run_id in result.run_ids:
+        run = store.get_run(run_id)
+        assert run["status"] == "finished"
+        assert publishable_epsilon(run).value == pytest.approx(expected.value)
+        assert publishable_epsilon(run).value > run_epsilon(run).value
+
+
+def test_an_exploratory_studys_report_says_the_selection_is_not_covered(tmp_path):
+    config = study(mode="exploratory", mean_runs=None, search="grid", space={"learning_rate": [0.5, 2.0]})
+    store = Store(tmp_path / "runs.sqlite")
+    result = run_study(config, store, launcher(store))
+    assert result.epsilon is None and result.released_run_id in result.run_ids
+    sentence = EXPLORATORY_NOTE.format(n=2)
+    assert sentence == "selected among 2 runs on the same data; the selection is not covered by this epsilon"
+    report = build_report(store, result.released_run_id, figures=False)
+    assert sentence in report["guarantee"]["statement"]
+    assert report["guarantee"]["epsilon"] == pytest.approx(run_epsilon(store.get_run(result.released_run_id)).value)
+    shown = CliRunner().invoke(cli, ["show", str(result.released_run_id), "--db", str(store.path)])
+    assert sentence in shown.output
+
+
+def test_dpw_study_runs_its_candidates_in_runner_processes(tmp_path):
+    path = tmp_path / "study.toml"
+    base = "\n".join(f"{k} = {json.dumps(v)}" for k, v in BASE.items())
+    path.write_text(f'name = "cli"\nmode = "composition"\n[base]\n{base}\n[space]\nlearning_rate = [1.0]\n')
+    db = tmp_path / "runs.sqlite"
+    dpw = Path(sys.executable).with_name("dpw")
+    done = subprocess.run([str(dpw), "study", str(path), "--db", str(db)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "candidate 1: run 1" in done.stderr and "study 1 (cli, composition): finished, 1 runs" in done.stdout
+    expected = rdp_to_epsilon(orders=DEFAULT_ORDERS, rdp=training_rdp(1.0), delta=1e-5).value
+    run = Store(db).get_run(1)
+    assert run["study_id"] == 1 and publishable_epsilon(run).value == pytest.approx(expected)
+
+
+# ---- the store -------------------------------------------------------------------------------------
+def test_a_schema_2_store_gains_studies_and_keeps_its_runs(tmp_path):
+    import sqlite_utils
+
+    path = tmp_path / "old.sqlite"
+    db = sqlite_utils.Database(path)
+    for migration in MIGRATIONS[:2]:
+        migration(db)
+    db.conn.execute("PRAGMA user_version = 2")
+    db["runs"].insert({"id": 4, "name": "old", "status": "finished", "config": "{}", "epsilon": 1.5,
+                       "mechanism": "dpsgd"})
+    db.conn.commit()
+    db.close()
+    store = Store(path)
+    assert store.schema_version == SCHEMA_VERSION == 3
+    (run,) = store.list_runs()
+    assert run["name"] == "old" and run["epsilon"] == 1.5 and run["study_id"] is None and "study" not in run
+    study_id = store.create_study(name="new", mode="exploratory", config="{}")
+    assert store.get_study(study_id)["status"] == "running"
+    raw = sqlite3.connect(path)
+    assert raw.execute("select count(*) from runs").fetchone()[0] == 1
+    assert math.isclose(raw.execute("select epsilon from runs where id = 4").fetchone()[0], 1.5)
