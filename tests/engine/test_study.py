@@ -178,6 +178,9 @@ def test_a_private_study_releases_its_best_candidate_with_the_studys_epsilon(pri
     assert "covers the search" in report["guarantee"]["statement"]
     assert "2 runs" not in report["guarantee"]["statement"]  # K is not part of what a private study releases
     assert any("covers the search" in caveat for caveat in report["caveats"])
+    from engine.attack_risk import run_attack_risk
+
+    assert run_attack_risk(released).risk is None  # the lone run's figures would understate the study's risk
 
 
 def test_a_candidate_that_was_not_released_is_never_exported(private_study, tmp_path):
