@@ -130,3 +130,45 @@ def _pate_profile(run: dict[str, Any]):
 
     orders, curve = pate_data_independent_rdp(run)
     return risk.rdp_privacy_profile(orders=orders, rdp=curve), BASIS_PATE_DI
+
+
+def _up(x: float, digits: int = 2) -> str:
+    """x to `digits` significant digits, rounded up (a bound is never shown smaller than it is)."""
+    import math
+
+    if not math.isfinite(x) or x <= 0:
+        return f"{x:g}"
+    decimals = digits - 1 - math.floor(math.log10(x))
+    up = math.ceil(x * 10.0**decimals * (1 - 1e-9)) / 10.0**decimals  # ignore ulp-level safety margins
+    return f"{up:.{max(decimals, 0)}f}"
+
+
+def percent_up(x: float) -> str:
+    """A probability bound as a percentage, rounded up: 0.0412 -> "4.2%", capped at "100%"."""
+    return "100%" if x >= 1.0 else (f"{_up(100 * x)}%" if x > 0 else "0%")
+
+
+def attacker_statements(figures) -> list[str]:
+    """The attack figures (engine.privacy.risk.AttackRisk) in plain words, every number rounded up."""
+    tpr = figures.tpr_at_fpr
+    lines = []
+    if 0.01 in tpr:
+        text = (f"An attacker who knows every training record but one, and sees the released model, detects "
+                f"whether that record was used with a true-positive rate (TPR) of at most {percent_up(tpr[0.01])} "
+                f"at a false-positive rate (FPR) of 1%")
+        if 0.001 in tpr:
+            text += f", and at most {percent_up(tpr[0.001])} at FPR 0.1%"
+        lines.append(text + ".")
+    lines.append(f"Whatever test it uses, its advantage (TPR minus FPR) is at most {percent_up(figures.max_advantage)}.")
+    post = figures.posterior
+    if 0.01 in post and 0.5 in post:
+        lines.append(f"An attacker who thought it 1% likely that the record was used ends up at most "
+                     f"{percent_up(post[0.01])} sure of it; one who thought it 50% likely, at most "
+                     f"{percent_up(post[0.5])} (each except with probability {figures.delta:g}).")
+    return lines
+
+
+def preview_statement(figures) -> str:
+    """One line for the setup preview: the TPR bound at FPR 1%."""
+    return (f"an attacker who knows everything but one record detects it with TPR at most "
+            f"{percent_up(figures.tpr_at_fpr[0.01])} at 1% FPR")

@@ -541,7 +541,11 @@ def export(run_ref: str, db: Path | None, out_dir: Path, force: bool) -> None:
               help="Include PATE's raw teacher vote histograms (private data: the report then says so at its top).")
 @click.option("--include-teacher-stats", is_flag=True,
               help="Include PATE's teacher and ensemble accuracies (private data: the report then says so at its top).")
-def report(run_ref: str, db: Path | None, out_file: Path, include_votes: bool, include_teacher_stats: bool) -> None:
+@click.option("--include-audit", is_flag=True,
+              help="Include the membership-inference audit of dpw audit (private data: the report then says so at "
+              "its top).")
+def report(run_ref: str, db: Path | None, out_file: Path, include_votes: bool, include_teacher_stats: bool,
+           include_audit: bool) -> None:
     """Write a run's privacy report: the guarantee, how it was obtained, utility, caveats.
 
     Example: dpw report 3 --out report.pdf
@@ -549,7 +553,7 @@ def report(run_ref: str, db: Path | None, out_file: Path, include_votes: bool, i
     from engine.report import write_report
 
     click.echo(write_report(open_store(db), run_ref, out_file, include_votes=include_votes,
-                            include_teacher_stats=include_teacher_stats))
+                            include_teacher_stats=include_teacher_stats, include_audit=include_audit))
 
 
 # ---- audit -------------------------------------------------------------------------------------

@@ -220,9 +220,11 @@ def _baseline(store: Store, run: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def private_data_notice(*, include_votes: bool, include_teacher_stats: bool) -> str | None:
+def private_data_notice(*, include_votes: bool, include_teacher_stats: bool, include_audit: bool = False) -> str | None:
     """The line at the top of a report that holds private data on request (None when it holds none)."""
     what = []
+    if include_audit:
+        what.append("a membership-inference audit (the model's losses on training examples against held-out ones)")
     if include_votes:
         what.append("the raw teacher vote histograms and the data-dependent epsilon computed from them")
     if include_teacher_stats:
@@ -244,7 +246,8 @@ def public_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_report(store: Store, run_ref: str | int, *, include_votes: bool = False,
-                 include_teacher_stats: bool = False, figures: bool = True) -> dict[str, Any]:
+                 include_teacher_stats: bool = False, figures: bool = True,
+                 include_audit: bool = False) -> dict[str, Any]:
     """Every field of the report as plain data (what the JSON file holds)."""
     run = store.find_run(run_ref)
     check_releasable(run)
@@ -257,15 +260,17 @@ def build_report(store: Store, run_ref: str | int, *, include_votes: bool = Fals
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
         "generated": now_iso(),
-        "contains_private_data": bool(include_votes or include_teacher_stats),
+        "contains_private_data": bool(include_votes or include_teacher_stats or include_audit),
         "private_data_notice": private_data_notice(include_votes=include_votes,
-                                                   include_teacher_stats=include_teacher_stats),
+                                                   include_teacher_stats=include_teacher_stats,
+                                                   include_audit=include_audit),
         "run": {
             "id": run_id, "name": run["name"], "status": run["status"], "stop_reason": run.get("stop_reason"),
             "created": run["created"], "started": run.get("started"), "finished": run.get("finished"),
             "error": run.get("error"),
         },
         "guarantee": privacy_statement(run),
+        "attacker": attacker_section(run),
         "randomness": randomness(run),
         "training": {
             "mechanism": run["mechanism"],
@@ -310,10 +315,36 @@ def build_report(store: Store, run_ref: str | int, *, include_votes: bool = Fals
     if run["mechanism"] == "pate":
         report["pate"] = pate_section(store, run, summary, include_votes=include_votes,
                                       include_teacher_stats=include_teacher_stats)
+    if include_audit:
+        from engine.audit_run import audit_run
+
+        report["audit"] = audit_run(store, run_id).to_json()
     report["curves"] = curves(store, run)
     if figures:
         report["figures"] = render_figures(report["curves"], run)
     return report
+
+
+def attacker_section(run: dict[str, Any]) -> dict[str, Any] | None:
+    """"What this epsilon means for an attacker": the attack figures of the run's guarantee
+    (engine.attack_risk, public parameters only), in numbers and plain words; None for a run with no
+    guarantee (non-private, or noise reproducible from the seed), which makes no such claim."""
+    from engine.attack_risk import attacker_statements, run_attack_risk
+
+    result = run_attack_risk(run)
+    if result.risk is None:
+        return None
+    figures = result.risk
+    return {
+        "title": "What this epsilon means for an attacker",
+        "statements": attacker_statements(figures),
+        "basis": result.basis,
+        "max_advantage": figures.max_advantage,
+        "tpr_at_fpr": {f"{k:g}": v for k, v in figures.tpr_at_fpr.items()},
+        "posterior": {f"{k:g}": v for k, v in figures.posterior.items()},
+        "posterior_fails_with_probability": figures.delta,
+        "tradeoff": {"fpr": figures.tradeoff_fpr.tolist(), "tpr": figures.tradeoff_tpr.tolist()},
+    }
 
 
 def pate_section(store: Store, run: dict[str, Any], summary: dict[str, Any], *, include_votes: bool,
@@ -461,6 +492,12 @@ def render_html(report: dict[str, Any]) -> str:
                                                        "accountant_version", "accountant_description")}))
     else:
         parts.append(f"<p class='guarantee'>{html.escape(guarantee['statement'])}</p>")
+    if report.get("attacker"):
+        attacker = report["attacker"]
+        parts.append(f"<h3>{html.escape(attacker['title'])}</h3><ul>"
+                     + "".join(f"<li>{html.escape(line)}</li>" for line in attacker["statements"])
+                     + f"</ul><p><small>Upper bounds from the guarantee alone (f-DP trade-off curve); computed "
+                     f"from {html.escape(attacker['basis'])}.</small></p>")
     if "dpsgd" in report:
         parts.append("<h2>How: DP-SGD</h2>" + _table(report["dpsgd"]))
     if "pate" in report:
@@ -481,6 +518,17 @@ def render_html(report: dict[str, Any]) -> str:
                                                       "randomness": report.get("randomness"),
                                                       "software": report["software"]}))
     parts.append("<h3>Config</h3>" + _table(report["config"]))
+    if report.get("audit"):
+        mia = report["audit"]["mia"]
+        parts.append("<h2>Membership-inference audit (PRIVATE: computed from the training data)</h2>" + _table({
+            "attack": report["audit"]["attack"],
+            "examples": f"{mia['members']} members, {mia['nonmembers']} non-members",
+            "AUC": f"{mia['auc']:.4f} [{mia['auc_interval'][0]:.4f}, {mia['auc_interval'][1]:.4f}] "
+                   f"({100 * mia['confidence']:g}% bootstrap)",
+            **{f"TPR at FPR {100 * float(k):g}%": f"{100 * v:.3g}% [{100 * mia['tpr_interval'][k][0]:.3g}%, "
+               f"{100 * mia['tpr_interval'][k][1]:.3g}%]" for k, v in mia["tpr_at_fpr"].items()},
+            "theory check": mia["theory"]["message"] if mia.get("theory") else "no guarantee to check against",
+        }))
     if report.get("pate", {}).get("votes") is not None:
         parts.append("<h2>Teacher votes (PRIVATE)</h2><table><tr><th>query</th><th>histogram</th><th>answered</th>"
                      "<th>label</th></tr>" + "".join(
@@ -491,13 +539,14 @@ def render_html(report: dict[str, Any]) -> str:
 
 
 def write_report(store: Store, run_ref: str | int, out: str | Path, *, include_votes: bool = False,
-                 include_teacher_stats: bool = False) -> Path:
+                 include_teacher_stats: bool = False, include_audit: bool = False) -> Path:
     """Write the report as .json, .html or .pdf (chosen by the file's extension)."""
     out = Path(out)
     suffix = out.suffix.lower()
     if suffix not in (".json", ".html", ".htm", ".pdf"):
         raise DPWError(f"--out {out}: unknown report format {suffix or '(none)'}; use .html, .pdf or .json")
-    report = build_report(store, run_ref, include_votes=include_votes, include_teacher_stats=include_teacher_stats)
+    report = build_report(store, run_ref, include_votes=include_votes, include_teacher_stats=include_teacher_stats,
+                          include_audit=include_audit)
     out.parent.mkdir(parents=True, exist_ok=True)
     if suffix == ".json":
         out.write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")

@@ -238,3 +238,58 @@ def test_pate_risk_comes_from_the_data_independent_curve_and_says_so(tmp_path, m
     expected = risk.attack_risk(profile=risk.rdp_privacy_profile(orders=orders, rdp=curve), delta=summary["delta"])
     assert result.risk.to_json() == expected.to_json()
     assert summary["epsilon_data_independent"] <= result.risk.epsilon <= summary["epsilon_data_independent"] + 0.011
+
+
+# ---- the report -----------------------------------------------------------------------------------
+def test_report_says_what_the_epsilon_means_for_an_attacker_in_json_html_and_pdf(digits_runs, tmp_path):
+    import os
+
+    from engine.attack_risk import attacker_statements, percent_up
+    from engine.report import build_report, write_report
+
+    store, ids = digits_runs
+    report = build_report(store, ids["private"], figures=False)
+    attacker = report["attacker"]
+    figures = run_attack_risk(store.get_run(ids["private"])).risk
+    assert attacker["statements"] == attacker_statements(figures)
+    assert attacker["tpr_at_fpr"]["0.01"] == figures.tpr_at_fpr[0.01]
+    assert attacker["posterior"]["0.5"] == figures.posterior[0.5]
+    assert f"at most {percent_up(figures.tpr_at_fpr[0.01])} at a false-positive rate (FPR) of 1%" in attacker["statements"][0]
+    assert "audit" not in report and report["contains_private_data"] is False
+    html = write_report(store, ids["private"], tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "What this epsilon means for an attacker" in html and "Membership-inference audit" not in html
+
+    pdf = write_report(store, ids["private"], tmp_path / "r.pdf")
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtPdf import QPdfDocument
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance() or QApplication([])  # noqa: F841
+    document = QPdfDocument()
+    document.load(str(pdf))
+    text = " ".join(document.getAllText(page).text() for page in range(document.pageCount()))
+    assert "What this epsilon means for an attacker" in " ".join(text.split())
+
+
+def test_runs_without_a_guarantee_make_no_attacker_claim_in_the_report(digits_runs, tmp_path):
+    from engine.report import build_report, write_report
+
+    store, ids = digits_runs
+    for which in ("seeded", "overfit"):
+        assert build_report(store, ids[which], figures=False)["attacker"] is None
+        html = write_report(store, ids[which], tmp_path / f"{which}.html").read_text(encoding="utf-8")
+        assert "What this epsilon means for an attacker" not in html
+
+
+def test_report_includes_the_audit_only_when_asked_and_flags_it_at_the_top(digits_runs, tmp_path):
+    store, ids = digits_runs
+    out = tmp_path / "audit.json"
+    _invoke("report", str(ids["private"]), "--db", str(store.path), "--out", str(out), "--include-audit")
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert report["contains_private_data"] is True and "membership-inference audit" in report["private_data_notice"]
+    assert set(report["audit"]["mia"]["tpr_at_fpr"]) == {"0.01", "0.001"}
+    html_out = tmp_path / "audit.html"
+    _invoke("report", str(ids["private"]), "--db", str(store.path), "--out", str(html_out), "--include-audit")
+    html = html_out.read_text(encoding="utf-8")
+    assert html.index("THIS REPORT CONTAINS PRIVATE DATA") < html.index("<h1>")
+    assert "Membership-inference audit (PRIVATE" in html
