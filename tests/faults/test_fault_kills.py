@@ -41,12 +41,12 @@ def test_kill_9_of_a_dpsgd_runner_at_a_random_step_keeps_the_privacy_spent(tmp_p
     assert "ε = " in shown.stdout and f"steps          {run['steps_done']} of 23" in shown.stdout
 
 
-@pytest.mark.parametrize("seed", [21, 22])
+@pytest.mark.parametrize("seed", [21, 23])
 def test_kill_9_of_a_pate_runner_while_it_answers_queries_keeps_the_privacy_and_answers(tmp_path, seed):
     db, before, run_id = _queued(tmp_path, PATE)
     proc = start_runner(db, run_id)
-    k = random.Random(seed).randint(1, 5)
-    read_events(proc, lambda e: e["type"] in ("privacy", "vote_batch"), count=k)
+    k = random.Random(seed).randint(1, 2)  # after the 1st or 2nd of 3 batches of answers was accounted
+    read_events(proc, lambda e: e["type"] == "privacy" and e["accountant"] == "pate-di", count=k)
     proc.kill()
     proc.wait(timeout=60)
 
