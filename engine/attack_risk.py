@@ -87,13 +87,19 @@ def run_attack_risk(run: dict[str, Any]) -> RunAttackRisk:
 
 
 def _dpsgd_profile(run: dict[str, Any]):
+    config = run.get("config") or {}
+    statistics = config.get("normalization_noise_multiplier") if config.get("normalization") == "dp" else None
+    return dpsgd_profile(sample_rate=float(run["sample_rate"]), noise_multiplier=float(run["noise_multiplier"]),
+                         steps=int(run.get("steps_done") or 0), statistics_noise_multiplier=statistics)
+
+
+def dpsgd_profile(*, sample_rate: float, noise_multiplier: float, steps: int,
+                  statistics_noise_multiplier: float | None = None):
+    """(privacy profile, basis) of DP-SGD: the PLD's, or with a DP feature-statistics release the one
+    implied by the composed RDP curve (the PLD accountant composes only the training steps)."""
     from engine.privacy import risk
 
-    config = run.get("config") or {}
-    q = float(run["sample_rate"])
-    sigma = float(run["noise_multiplier"])
-    steps = int(run.get("steps_done") or 0)
-    statistics = config.get("normalization_noise_multiplier") if config.get("normalization") == "dp" else None
+    q, sigma, statistics = sample_rate, noise_multiplier, statistics_noise_multiplier
     if statistics is None:
         return risk.dpsgd_privacy_profile(sample_rate=q, noise_multiplier=sigma, steps=steps), BASIS_PLD
     from engine.privacy.feature_stats import gaussian_rdp
@@ -168,7 +174,7 @@ def attacker_statements(figures) -> list[str]:
     return lines
 
 
-def preview_statement(figures) -> str:
+def preview_statement(tpr_at_1_percent: float) -> str:
     """One line for the setup preview: the TPR bound at FPR 1%."""
-    return (f"an attacker who knows everything but one record detects it with TPR at most "
-            f"{percent_up(figures.tpr_at_fpr[0.01])} at 1% FPR")
+    return (f"An attacker who knows everything but one record detects it with TPR at most "
+            f"{percent_up(tpr_at_1_percent)} at 1% FPR.")

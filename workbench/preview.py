@@ -8,6 +8,7 @@ answered. Requests are debounced, and a result that arrives after newer input is
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -62,7 +63,44 @@ def estimate(config: RunConfig, size: DataSize) -> str:
                                           budget=config.epsilon_budget, accountant=config.accountant, upper=steps)
         if allowed < steps:
             text += f"\nThe budget ε = {config.epsilon_budget:g} stops training after {allowed:,} of {steps:,} steps."
-    return text
+            steps = allowed
+    statistics = config.normalization_noise_multiplier if config.normalization == "dp" else None
+    return text + "\n" + attacker_line(config, _dpsgd_tpr_at_1_percent(q, sigma, steps, statistics))
+
+
+def attacker_line(config: RunConfig, tpr_at_1_percent: float) -> str:
+    """The bound in an attacker's terms, or that a reproducible-noise run has none."""
+    if config.reproducible_noise:
+        return "No bound on any attack: the noise is reproducible from the seed (reproducible_noise = true)."
+    from engine.attack_risk import preview_statement
+
+    return preview_statement(tpr_at_1_percent)
+
+
+@functools.lru_cache(maxsize=128)
+def _dpsgd_tpr_at_1_percent(sample_rate: float, noise_multiplier: float, steps: int,
+                            statistics_noise_multiplier: float | None) -> float:
+    """TPR bound at FPR 1% of DP-SGD (engine.attack_risk.dpsgd_profile; 0.1-0.5 s, so cached: typing a
+    value back costs nothing)."""
+    from engine.attack_risk import dpsgd_profile
+    from engine.privacy.risk import highest_tpr
+
+    profile, _ = dpsgd_profile(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps,
+                               statistics_noise_multiplier=statistics_noise_multiplier)
+    return float(highest_tpr(profile=profile, fpr=[0.01])[0])
+
+
+@functools.lru_cache(maxsize=128)
+def _pate_tpr_at_1_percent(config_items: tuple) -> float:
+    """TPR bound at FPR 1% of PATE's data-independent bound if every query were answered."""
+    from engine.attack_risk import pate_data_independent_rdp
+    from engine.privacy.risk import highest_tpr, rdp_privacy_profile
+
+    config = dict(config_items)
+    queries = config["num_queries"]
+    orders, curve = pate_data_independent_rdp({"config": config, "summary": {"queries": queries,
+                                                                             "answered": queries}})
+    return float(highest_tpr(profile=rdp_privacy_profile(orders=orders, rdp=curve), fpr=[0.01])[0])
 
 
 def _pate(config: RunConfig, size: DataSize) -> str:
@@ -75,9 +113,13 @@ def _pate(config: RunConfig, size: DataSize) -> str:
                                   laplace_scale=config.laplace_scale)
     shard = size.num_train // config.num_teachers
     value = "∞" if math.isinf(eps) else f"{eps:.3g}"
+    keys = ("aggregator", "num_queries", "gnmax_sigma", "sigma1", "sigma2", "laplace_scale")
+    tpr = _pate_tpr_at_1_percent(tuple((k, getattr(config, k)) for k in keys))
     return (f"Data-independent bound if all {config.num_queries:,} queries were answered: ε ≤ {value} at "
             f"δ = {config.delta:g}; the data-dependent ε (reported) is usually much smaller.\n"
-            f"{config.num_teachers:,} teachers of about {shard:,} examples each.")
+            f"{config.num_teachers:,} teachers of about {shard:,} examples each.\n"
+            + attacker_line(config, tpr).removesuffix(".")
+            + ("." if config.reproducible_noise else " (if every query were answered)."))
 
 
 class _Signals(QObject):

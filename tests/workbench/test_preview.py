@@ -1,0 +1,66 @@
+"""The setup preview states the guarantee in an attacker's terms as the user types."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.attack_risk import dpsgd_profile, percent_up, preview_statement
+from engine.config import RunConfig
+from engine.privacy.risk import calibrate_noise_multiplier_for_attack, highest_tpr
+from workbench.form_state import DataSize
+from workbench.preview import estimate
+from workbench.setup_form import SetupForm
+
+SIZE = DataSize(num_train=1438, num_test=359, exact=True)
+
+
+def _tpr(config: RunConfig, sigma: float) -> float:
+    q, steps = config.sample_rate_for(SIZE.num_train), config.steps_for(SIZE.num_train)
+    profile, _ = dpsgd_profile(sample_rate=q, noise_multiplier=sigma, steps=steps)
+    return float(highest_tpr(profile=profile, fpr=[0.01])[0])
+
+
+def test_a_fixed_noise_multiplier_shows_the_tpr_bound_of_the_pure_functions():
+    config = RunConfig(name="p", dataset="digits", noise_multiplier=1.3, epochs=2)
+    text = estimate(config, SIZE)
+    assert preview_statement(_tpr(config, 1.3)) in text
+    assert "detects it with TPR at most" in text and "at 1% FPR" in text
+
+
+def test_a_target_attack_tpr_is_met_by_the_stated_bound():
+    config = RunConfig(name="p", dataset="digits", target_attack_tpr=0.05, epochs=2)
+    q, steps = config.sample_rate_for(SIZE.num_train), config.steps_for(SIZE.num_train)
+    sigma = calibrate_noise_multiplier_for_attack(sample_rate=q, steps=steps, target_tpr=0.05, fpr=0.01)
+    text = estimate(config, SIZE)
+    tpr = _tpr(config, sigma)
+    assert tpr <= 0.05 and f"TPR at most {percent_up(tpr)} at 1% FPR" in text
+
+
+def test_reproducible_noise_states_no_bound():
+    text = estimate(RunConfig(name="p", dataset="digits", noise_multiplier=1.3, reproducible_noise=True), SIZE)
+    assert "No bound on any attack" in text and "detects it with TPR" not in text
+
+
+def test_pate_states_the_bound_if_every_query_were_answered():
+    config = RunConfig(name="p", dataset="digits", mechanism="pate", num_teachers=10, aggregator="gnmax",
+                       gnmax_sigma=40.0, num_queries=20)
+    text = estimate(config, SIZE)
+    assert "detects it with TPR at most" in text and "(if every query were answered)" in text
+
+
+@pytest.fixture
+def form(qtbot):
+    widget = SetupForm()
+    qtbot.addWidget(widget)
+    widget.show()
+    return widget
+
+
+def test_the_form_states_the_attack_bound_as_the_user_types(form, qtbot):
+    form.set_value("noise_multiplier", "1.1")
+    form.set_value("epochs", "1")
+    qtbot.waitUntil(lambda: "detects it with TPR at most" in form.preview_label.text(), timeout=20000)
+    first = form.preview_label.text()
+    form.set_value("noise_multiplier", "4")
+    qtbot.waitUntil(lambda: "detects it with TPR at most" in form.preview_label.text()
+                    and form.preview_label.text() != first, timeout=20000)
