@@ -183,12 +183,17 @@ def runner_command(db_path: Path, run_id: int) -> list[str]:
 
 def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=None) -> str:
     """Start the runner process and render its events until it ends; returns the final status.
-    SIGTERM or SIGHUP to this process stops the runner like Ctrl-C (never an orphan runner). With
+    Ctrl-C, SIGTERM or SIGHUP to this process asks the runner to stop after its current step (never
+    an orphan runner). With
     `store`, the runner is recorded as the run's owner, and a runner that ended without reporting
     leaves its run marked failed with the reason before this returns."""
     from engine.events import decode
 
-    proc = subprocess.Popen(runner_command(db_path, run_id), stdout=subprocess.PIPE, text=True, bufsize=1)
+    # Its own process group: the terminal's Ctrl-C reaches only this process, which asks the runner to
+    # stop (SIGTERM); a runner still starting never dies of it with a KeyboardInterrupt traceback.
+    own_group = {"process_group": 0} if sys.platform != "win32" else {}
+    proc = subprocess.Popen(runner_command(db_path, run_id), stdout=subprocess.PIPE, text=True, bufsize=1,
+                            **own_group)
     if store is not None:
         store.assign_runner(run_id, proc.pid)
 
@@ -197,19 +202,13 @@ def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=No
         with contextlib.suppress(OSError):
             click.echo("\nstopping after the current step…", err=True)
 
-    signals = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    signals = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
     previous = {sig: signal.signal(sig, stop_runner) for sig in signals}
     display = None if as_json else ProgressDisplay()
     status = "failed"
     try:
         while True:
-            try:
-                line = proc.stdout.readline()
-            except KeyboardInterrupt:
-                # The terminal's Ctrl-C reached the runner too; it stops after the current step.
-                proc.send_signal(signal.SIGTERM)
-                click.echo("\nstopping after the current step…", err=True)
-                continue
+            line = proc.stdout.readline()
             if not line:
                 break
             event = decode(line)
