@@ -3,8 +3,11 @@
 Training produces the scores (e.g. per-example losses of members and non-members); the modules here
 turn them into statements with their confidence. `membership` is the loss-threshold membership-
 inference audit; `dpw audit` (engine.audit_run) feeds it a stored run's model and data split.
+`canaries` turns guesses about randomly included canaries into an epsilon lower bound (one run).
 """
 
+from engine.audit.canaries import CanaryGuesses, canary_guesses, epsilon_lower_bound
 from engine.audit.membership import MembershipAudit, TheoryCheck, membership_audit
 
-__all__ = ["MembershipAudit", "TheoryCheck", "membership_audit"]
+__all__ = ["CanaryGuesses", "MembershipAudit", "TheoryCheck", "canary_guesses", "epsilon_lower_bound",
+           "membership_audit"]

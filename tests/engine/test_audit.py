@@ -293,3 +293,71 @@ def test_report_includes_the_audit_only_when_asked_and_flags_it_at_the_top(digit
     html = html_out.read_text(encoding="utf-8")
     assert html.index("THIS REPORT CONTAINS PRIVATE DATA") < html.index("<h1>")
     assert "Membership-inference audit (PRIVATE" in html
+
+
+# ---- one-run canary audit (Steinke, Nasr, Jagielski 2023) ------------------------------------------
+def test_canary_bound_without_delta_is_the_clopper_pearson_lower_bound_on_the_guess_accuracy():
+    """With delta = 0, P[Bin(r, q) >= v] = I_q(v, r - v + 1) (regularized incomplete beta), so the bound
+    is logit of the Beta(v, r - v + 1) quantile at 1 - confidence: derived independently of the p-value."""
+    from scipy.special import logit
+    from scipy.stats import beta
+
+    from engine.audit.canaries import epsilon_lower_bound
+
+    for m, r, v in ((1000, 100, 90), (1000, 200, 150), (5000, 1000, 600), (100, 10, 10)):
+        expected = float(logit(beta.ppf(0.05, v, r - v + 1)))
+        got = epsilon_lower_bound(canaries=m, guesses=r, correct=v, confidence=0.95)
+        assert got == pytest.approx(expected, abs=2e-6), (m, r, v)
+        assert got <= expected + 1e-9  # rounded down, never up
+
+
+def test_canary_bound_closed_forms():
+    from engine.audit.canaries import epsilon_lower_bound
+
+    # All r guesses right, delta 0: q^r <= 0.05 at the boundary, so eps = logit(0.05^(1/r)).
+    q = 0.05 ** (1 / 100)
+    assert epsilon_lower_bound(canaries=200, guesses=100, correct=100) == pytest.approx(math.log(q / (1 - q)), abs=2e-6)
+    # One canary, one right guess, delta 0.05, level 0.6: q + 2 delta (1 - q) <= 0.6 gives q <= 5/9, eps = ln 1.25.
+    assert epsilon_lower_bound(canaries=1, guesses=1, correct=1, delta=0.05, confidence=0.4) == pytest.approx(
+        math.log(1.25), abs=2e-6)
+    # Half right is what guessing gets: nothing can be claimed.
+    assert epsilon_lower_bound(canaries=1000, guesses=400, correct=200) == 0.0
+
+
+def test_canary_bound_with_delta_is_never_above_the_pure_one():
+    from engine.audit.canaries import epsilon_lower_bound
+
+    pure = epsilon_lower_bound(canaries=1000, guesses=300, correct=260)
+    approx = epsilon_lower_bound(canaries=1000, guesses=300, correct=260, delta=1e-5)
+    assert 0.0 < approx <= pure
+
+
+def test_canary_bound_on_randomized_response_exceeds_the_true_epsilon_at_most_at_its_confidence():
+    """eps-randomized response is exactly eps-DP and makes each guess right with probability
+    e^eps / (1 + e^eps); over seeded audits the 95% lower bound may exceed eps about 5% of the time."""
+    from engine.audit.canaries import canary_guesses, epsilon_lower_bound
+
+    rng = np.random.default_rng(11)
+    eps, trials, above, bounds = 2.0, 200, 0, []
+    for _ in range(trials):
+        included = rng.random(400) < 0.5
+        truthful = rng.random(400) < math.exp(eps) / (1 + math.exp(eps))
+        scores = np.where(included == truthful, 1.0, -1.0) + 1e-3 * rng.random(400)  # randomized response
+        guesses = canary_guesses(scores=scores, included=included, guess_in=100, guess_out=100)
+        bound = epsilon_lower_bound(canaries=guesses.canaries, guesses=guesses.guesses, correct=guesses.correct)
+        bounds.append(bound)
+        above += bound > eps
+    assert above <= 0.05 * trials + 6
+    assert np.median(bounds) > 0.5 * eps  # and the audit is not vacuous
+
+
+def test_canary_guesses_count_right_guesses():
+    from engine.audit.canaries import canary_guesses
+
+    scores = [0.9, 0.8, 0.1, 0.2, 0.5]
+    included = [True, False, False, True, True]
+    g = canary_guesses(scores=scores, included=included, guess_in=2, guess_out=2)
+    # in: 0.9 (right), 0.8 (wrong); out: 0.1 (right), 0.2 (wrong)
+    assert (g.canaries, g.guesses, g.correct) == (5, 4, 2)
+    with pytest.raises(ValueError, match="at most the 5 canaries"):
+        canary_guesses(scores=scores, included=included, guess_in=3, guess_out=3)

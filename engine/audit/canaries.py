@@ -1,0 +1,100 @@
+"""One-run canary audit: an epsilon lower bound from guesses about randomly included canaries.
+
+Steinke, Nasr and Jagielski, "Privacy Auditing with One (1) Training Run", NeurIPS 2023
+(arXiv:2305.08846). m canaries are each included independently with probability 1/2; after one
+training run the auditor guesses "in" or "out" for r of them (abstaining on the rest) and v guesses
+are right. Their Theorem 1 (main result): if the training is (eps, delta)-DP, then
+
+    P[v correct or more] <= f(v) + 2 m delta max_{i = 1..v} (f(v - i) - f(v)) / i,
+
+    f(k) = P[Binomial(r, q) >= k],  q = e^eps / (1 + e^eps)
+
+(for delta = 0, the correct guesses are dominated by r tosses of eps-randomized response). That
+right-hand side is a p-value for the hypothesis "the training is (eps, delta)-DP"; the largest eps
+rejected at level 1 - confidence is a lower bound on the true epsilon at that confidence.
+Pure numpy/scipy; which examples are canaries and their scores come from training.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize, special, stats
+
+__all__ = ["CanaryGuesses", "canary_guesses", "epsilon_lower_bound", "p_value"]
+
+
+def _counts(canaries: int, guesses: int, correct: int) -> tuple[int, int, int]:
+    m, r, v = (int(x) for x in (canaries, guesses, correct))
+    if not 0 <= v <= r <= m or m < 1:
+        raise ValueError(f"need 0 <= correct <= guesses <= canaries and canaries >= 1; got correct={correct}, "
+                         f"guesses={guesses}, canaries={canaries}")
+    return m, r, v
+
+
+def p_value(*, canaries: int, guesses: int, correct: int, epsilon: float, delta: float = 0.0) -> float:
+    """Probability of at least `correct` right guesses out of `guesses` if the training is
+    (epsilon, delta)-DP [SNJ23, Theorem 1]; capped at 1."""
+    m, r, v = _counts(canaries, guesses, correct)
+    if not (epsilon >= 0.0) or not 0.0 <= delta <= 1.0:
+        raise ValueError(f"need epsilon >= 0 and delta in [0, 1]; got epsilon={epsilon!r}, delta={delta!r}")
+    q = float(special.expit(epsilon))  # accuracy of epsilon-randomized response
+    tail = float(stats.binom.sf(v - 1, r, q))  # f(v) = P[Bin(r, q) >= v]
+    if delta == 0.0 or v == 0:
+        return min(tail, 1.0)
+    # f(v - i) - f(v) = P[v - i <= Bin < v] = sum_{k=v-i}^{v-1} pmf(k), for i = 1..v
+    below = np.cumsum(stats.binom.pmf(np.arange(v - 1, -1, -1), r, q))
+    slope = float(np.max(below / np.arange(1, v + 1)))
+    return min(tail + 2.0 * m * delta * slope, 1.0)
+
+
+def epsilon_lower_bound(*, canaries: int, guesses: int, correct: int, delta: float = 0.0,
+                        confidence: float = 0.95, tolerance: float = 1e-6) -> float:
+    """The largest epsilon that `correct` of `guesses` right rejects at `confidence`: the training is
+    not (epsilon, delta)-DP for any smaller epsilon, except with probability 1 - confidence.
+    0 when even epsilon = 0 is not rejected. Found by bisection (the p-value rises with epsilon),
+    rounded down by at most `tolerance`."""
+    m, r, v = _counts(canaries, guesses, correct)
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), e.g. 0.95; got {confidence!r}")
+    level = 1.0 - confidence
+
+    def excess(eps: float) -> float:
+        return p_value(canaries=m, guesses=r, correct=v, epsilon=eps, delta=delta) - level
+
+    if excess(0.0) >= 0.0:
+        return 0.0
+    high = 1.0
+    while excess(high) < 0.0:
+        high *= 2.0
+        if high > 1e4:
+            return math.inf  # every finite epsilon rejected (cannot happen with v <= r < inf)
+    root = optimize.brentq(excess, 0.0, high, xtol=tolerance / 4, rtol=1e-12)
+    return max(0.0, root - tolerance / 2)
+
+
+@dataclass(frozen=True)
+class CanaryGuesses:
+    """The auditor's guesses: `guesses` made (abstaining on the rest), `correct` of them right."""
+
+    canaries: int
+    guesses: int
+    correct: int
+
+
+def canary_guesses(*, scores, included, guess_in: int, guess_out: int) -> CanaryGuesses:
+    """Guess "in" for the `guess_in` highest-scoring canaries and "out" for the `guess_out` lowest,
+    abstain on the rest [SNJ23, Sec. 5]; count the right guesses against `included`."""
+    s = np.asarray(scores, dtype=float).ravel()
+    inc = np.asarray(included, dtype=bool).ravel()
+    if s.shape != inc.shape or s.size == 0 or not np.all(np.isfinite(s)):
+        raise ValueError("scores and included must be equally long, non-empty and finite")
+    k_in, k_out = int(guess_in), int(guess_out)
+    if k_in < 0 or k_out < 0 or k_in + k_out > s.size:
+        raise ValueError(f"guess_in + guess_out must be at most the {s.size} canaries; got {k_in} + {k_out}")
+    order = np.argsort(s, kind="stable")
+    right = int(inc[order[s.size - k_in:]].sum()) if k_in else 0
+    right += int((~inc[order[:k_out]]).sum())
+    return CanaryGuesses(int(s.size), k_in + k_out, right)
