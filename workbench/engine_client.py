@@ -103,6 +103,26 @@ class EngineClient(QObject):
                 job.process.kill()
                 job.process.waitForFinished(1000)
 
+    def detach(self) -> list[int]:
+        """Let the runners finish without the window (it is closing); returns their run ids. Queued
+        runs, which only this window would start, are dropped. A runner outlives its closed output
+        (the store keeps every event). Destroying a QProcess kills a process it still counts as
+        running, so each is marked not running before it is let go."""
+        for run_id in list(self.queue):
+            self.stop(run_id)
+        kept = list(self.jobs)
+        for job in self.jobs.values():
+            for signal in (job.process.readyReadStandardOutput, job.process.readyReadStandardError,
+                           job.process.finished, job.process.errorOccurred):
+                signal.disconnect()
+            job.process.closeReadChannel(QProcess.ProcessChannel.StandardOutput)
+            job.process.closeReadChannel(QProcess.ProcessChannel.StandardError)
+            job.process.setProcessState(QProcess.ProcessState.NotRunning)
+            job.process.deleteLater()
+        self.jobs.clear()
+        self.queue_changed.emit()
+        return kept
+
     # ---- processes -----------------------------------------------------------------------------
     def _start_next(self) -> None:
         while self.queue and len(self.jobs) < self.max_parallel:

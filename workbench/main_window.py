@@ -24,6 +24,7 @@ from engine.config import RunConfig
 from engine.errors import DPWError
 from workbench.compare import CompareView
 from workbench.dashboard import Dashboard
+from workbench.closing import CANCEL, KEEP, ask_before_closing, runner_pid, stop_runner
 from workbench.dialogs import ExportDialog, ReportDialog, describe_error
 from workbench.engine_client import EngineClient
 from workbench.first_start import first_config
@@ -230,6 +231,15 @@ class MainWindow(QMainWindow):
         s.sync()
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
+        if self.client.active_ids():
+            names = {r["id"]: f"{r['id']} ({r['name']})" for r in self.runs_model.rows}
+            choice = ask_before_closing(self, [names.get(i, str(i)) for i in self.client.jobs],
+                                        [names.get(i, str(i)) for i in self.client.queue])
+            if choice == CANCEL:
+                event.ignore()
+                return
+            if choice == KEEP:
+                self.client.detach()
         self.save_settings()
         if self.client.active_ids():
             self.statusBar().showMessage("Stopping runs…")
@@ -275,6 +285,7 @@ class MainWindow(QMainWindow):
                 self._forget_run(self.current_run_id)  # deleted elsewhere (`dpw delete`)
             elif row is not None and not self.runs_view.selectionModel().isRowSelected(row, QModelIndex()):
                 self._select_row(row)
+        self._update_run_actions()  # statuses may have changed (no store read)
 
     def _periodic_refresh(self) -> None:
         """Keep the list current, and follow a run another process (`dpw run`) is executing."""
@@ -366,13 +377,14 @@ class MainWindow(QMainWindow):
     def _update_run_actions(self) -> None:
         run_id = self.current_run_id
         active = run_id is not None and self.client.is_active(run_id)
-        self.act_stop.setEnabled(active or bool(self.client.active_ids()))
         row = self._listed_row(run_id)
+        elsewhere = not active and runner_pid(row) is not None  # a runner this window did not start
+        self.act_stop.setEnabled(active or elsewhere or bool(self.client.active_ids()))
         finished = row is not None and has_model(row) and not active  # a model and a guarantee to state
         self.act_export.setEnabled(finished)
         self.act_report.setEnabled(finished)
         self.act_reuse.setEnabled(run_id is not None)
-        self.act_delete.setEnabled(run_id is not None and run_id not in self.client.jobs)
+        self.act_delete.setEnabled(run_id is not None and run_id not in self.client.jobs and not elsewhere)
 
     def _listed_row(self, run_id: int | None) -> dict[str, Any] | None:
         """The run's row as last listed (no store read)."""
@@ -415,6 +427,10 @@ class MainWindow(QMainWindow):
 
     def stop_run(self) -> None:
         run_id = self.current_run_id
+        if run_id is not None and not self.client.is_active(run_id) and stop_runner(self._listed_row(run_id)):
+            self.statusBar().showMessage(f"Stopping run {run_id} (started outside this window) after its "
+                                         "current step…", 5000)
+            return
         if run_id is None or not self.client.is_active(run_id):
             active = self.client.active_ids()
             if not active:

@@ -337,3 +337,65 @@ def test_config_panel_shows_the_selected_runs_results_and_config(window):
     assert rows["Stopped by"] == "user (Stop)"
     assert rows["dataset"] == "mnist" and rows["noise_multiplier"] == "1.0"
     assert window.runs_panel.config.run_id == made["delta-mnist"]
+
+
+def answer_close_dialog(qtbot, button_text: str) -> list[str]:
+    """Click `button_text` in the close-with-runs dialog once it shows; returns its text when seen."""
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    seen: list[str] = []
+
+    def click() -> None:
+        box = QApplication.activeModalWidget()
+        if not isinstance(box, QMessageBox):
+            QTimer.singleShot(50, click)
+            return
+        seen.append(box.text() + "\n" + box.informativeText())
+        next(b for b in box.buttons() if b.text() == button_text).click()
+
+    QTimer.singleShot(50, click)
+    return seen
+
+
+def test_closing_with_a_running_run_asks_and_cancel_keeps_the_window(window, qtbot, db_path):
+    quick_digits(window, "digits-close-cancel", epochs=400)
+    run_id = start(window, qtbot)
+    qtbot.waitUntil(lambda: len(window.run_data[run_id].metrics.get("train_loss", ())) > 3, timeout=RUN_TIMEOUT_MS)
+    seen = answer_close_dialog(qtbot, "Cancel")
+    assert not window.close()
+    assert seen and "digits-close-cancel" in seen[0]
+    assert window.isVisible() and window.client.is_active(run_id)
+    seen = answer_close_dialog(qtbot, "Stop runs and close")
+    assert window.close()
+    assert Store(db_path).get_run(run_id)["status"] == "stopped"
+
+
+def test_a_run_kept_running_after_closing_is_stopped_from_a_reopened_window(window, qtbot, db_path):
+    import os
+    import signal
+
+    quick_digits(window, "digits-background", epochs=400)
+    run_id = start(window, qtbot)
+    qtbot.waitUntil(lambda: len(window.run_data[run_id].metrics.get("train_loss", ())) > 3, timeout=RUN_TIMEOUT_MS)
+    answer_close_dialog(qtbot, "Keep running in background")
+    assert window.close()
+    store = Store(db_path)
+    row = store.get_run(run_id)
+    try:
+        assert row["status"] == "running"
+        steps = row["steps_done"] or 0
+        qtbot.waitUntil(lambda: (store.get_run(run_id)["steps_done"] or 0) > steps, timeout=30000)  # it goes on
+
+        again = MainWindow(db_path, probe=False)
+        qtbot.addWidget(again)
+        again.show()
+        again.select_run(run_id)
+        assert again.act_stop.isEnabled() and not again.act_delete.isEnabled()
+        again.act_stop.trigger()
+        qtbot.waitUntil(lambda: store.get_run(run_id)["status"] == "stopped", timeout=RUN_TIMEOUT_MS)
+        again.refresh_runs()
+        assert list_status(again, run_id) == "stopped"
+    finally:
+        if store.get_run(run_id)["status"] == "running":
+            os.kill(row["pid"], signal.SIGTERM)
