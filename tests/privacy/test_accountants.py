@@ -6,7 +6,6 @@ import math
 import pathlib
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -124,13 +123,6 @@ def test_epsilon_curve_equals_rdp_epsilon_at_sampled_steps():
     assert np.all(np.diff(curve) >= 0)
 
 
-def test_epsilon_curve_of_ten_thousand_steps_is_fast():
-    epsilon_curve(sample_rate=MNIST_Q, noise_multiplier=1.1, steps=10, delta=1e-5)
-    start = time.perf_counter()
-    epsilon_curve(sample_rate=MNIST_Q, noise_multiplier=1.1, steps=10_000, delta=1e-5)
-    assert time.perf_counter() - start < 0.5
-
-
 def test_epsilon_curve_edge_cases():
     assert epsilon_curve(sample_rate=0.1, noise_multiplier=1.0, steps=0, delta=1e-5).shape == (0,)
     assert np.all(epsilon_curve(sample_rate=0.0, noise_multiplier=1.0, steps=5, delta=1e-5) == 0)
@@ -151,15 +143,6 @@ def test_live_accountant_agrees_with_the_pure_functions():
     assert acc.epsilon_reported("rdp") == acc.epsilon()
     acc.step(0)
     assert acc.steps == 234
-
-
-def test_live_accountant_epsilon_costs_microseconds():
-    acc = LiveAccountant(sample_rate=MNIST_Q, noise_multiplier=1.1, delta=1e-5)
-    start = time.perf_counter()
-    for _ in range(1000):
-        acc.step()
-        acc.epsilon()
-    assert (time.perf_counter() - start) / 1000 < 5e-4
 
 
 def test_live_accountant_rejects_bad_input():
@@ -200,12 +183,6 @@ def test_max_steps_respects_upper_and_reports_unbounded_budgets():
     assert max_steps_within_budget(sample_rate=0.0, noise_multiplier=1.1, delta=1e-5, budget=1.0, upper=77) == 77
     with pytest.raises(ValueError, match="upper"):
         max_steps_within_budget(sample_rate=0.0, noise_multiplier=1.1, delta=1e-5, budget=1.0)
-
-
-def test_max_steps_within_budget_timing():
-    start = time.perf_counter()
-    max_steps_within_budget(sample_rate=MNIST_Q, noise_multiplier=1.1, delta=1e-5, budget=3.0)
-    assert time.perf_counter() - start < 5.0
 
 
 @pytest.mark.parametrize("accountant,target", [("rdp", 1.0), ("rdp", 8.0), ("pld", 3.0), ("pld", 0.5)])
