@@ -79,6 +79,13 @@ def from_json_safe(value: Any) -> Any:
     return value
 
 
+def loads(text: str) -> Any:
+    """json.loads, then NON_FINITE strings back into floats (only when the text holds one: a replay of
+    many events pays for the walk only where it is needed)."""
+    value = json.loads(text)
+    return from_json_safe(value) if ('"NaN"' in text or 'Infinity"' in text) else value
+
+
 def make_event(type_: str, run_id: int, t: float, **payload: Any) -> dict[str, Any]:
     if type_ not in EVENT_TYPES:
         raise ValueError(f"unknown event type {type_!r}; known: {', '.join(EVENT_TYPES)}")
@@ -96,12 +103,12 @@ def decode(line: str) -> dict[str, Any] | None:
     if not line.startswith("{"):
         return None
     try:
-        event = json.loads(line)
+        event = loads(line)
     except json.JSONDecodeError:
         return None
     if not isinstance(event, dict) or event.get("v") != EVENT_VERSION or event.get("type") not in EVENT_TYPES:
         return None
-    return from_json_safe(event)
+    return event
 
 
 class EventWriter:

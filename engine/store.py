@@ -28,7 +28,7 @@ from typing import Any, Iterable, Iterator
 import sqlite_utils
 
 from engine.errors import DPWError, StoreError, explain, recover_hint
-from engine.events import from_json_safe, to_json_safe
+from engine.events import loads, to_json_safe
 from engine.store_files import abandon, empty_old_wal, replaced, store_files
 
 SCHEMA_VERSION = 3
@@ -436,6 +436,8 @@ class Store:
             raise DPWError(f"no study with id {study_id} in {self.path}") from None
 
     def list_studies(self) -> list[dict[str, Any]]:
+        if not self.db["studies"].exists():  # a read-only store of schema 2 is read as it is
+            return []
         return [_decode_run(r) for r in self.db["studies"].rows_where(order_by="id")]
 
     def _with_study(self, run: dict[str, Any], studies: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -557,8 +559,7 @@ class Store:
         if exclude:
             sql += " and type not in (" + ",".join("?" * len(exclude)) + ")"
         rows = self.db.conn.execute(sql + " order by seq", [run_id, *exclude]).fetchall()
-        return [{"v": 1, "type": t, "run_id": run_id, "t": time, **from_json_safe(json.loads(p))}
-                for t, time, p in rows]
+        return [{"v": 1, "type": t, "run_id": run_id, "t": time, **loads(p)} for t, time, p in rows]
 
     def metrics(self, run_id: int, name: str | None = None) -> list[dict[str, Any]]:
         where, args = "run_id = ?", [run_id]
@@ -605,7 +606,7 @@ def _decode_run(row: dict[str, Any]) -> dict[str, Any]:
     row = dict(row)
     for key in ("config", "summary"):
         if row.get(key):
-            row[key] = from_json_safe(json.loads(row[key]))
+            row[key] = loads(row[key])
     return row
 
 

@@ -387,3 +387,18 @@ def test_a_writer_waits_for_a_held_write_lock(tmp_path):
     run_id = store.create_run(RunConfig(name="waited", noise_multiplier=1.0))
     release.join()
     assert store.get_run(run_id)["name"] == "waited" and time.monotonic() - started > 0.5
+
+
+def test_a_read_only_store_of_an_older_schema_is_read_as_it_is(tmp_path):
+    path = tmp_path / "runs.sqlite"
+    run_id = Store(path).create_run(RunConfig(name="older", noise_multiplier=1.0))
+    raw = sqlite3.connect(path)
+    raw.execute("alter table runs drop column study_id")
+    raw.execute("drop table studies")
+    raw.execute("PRAGMA user_version = 2")
+    raw.commit()
+    raw.close()
+    before = _sha(path)
+    reader = Store(path, readonly=True)
+    assert [r["name"] for r in reader.list_runs()] == ["older"] and reader.get_run(run_id)["name"] == "older"
+    assert reader.schema_version == 2 and _sha(path) == before
