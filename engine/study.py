@@ -79,7 +79,7 @@ def plan_candidates(config: StudyConfig, randomness: PrivateRandomness | None = 
         settings = config.grid()
     else:
         settings = _draw_settings(config, np.random.default_rng(config.seed), config.num_candidates)
-    configs = [config.candidate(s, i + 1) for i, s in enumerate(settings)]
+    configs = [config.candidate(s) for s in settings]
     return StudyPlan(settings, configs, randomness)
 
 
@@ -115,7 +115,7 @@ def private_study_epsilon(config: StudyConfig, num_train: int, orders=DEFAULT_OR
     """The repeat-and-select bound [PS22, Thms. 2 and 6] of a private study: one candidate's curve is
     the pointwise maximum, over every setting the search can draw, of its training plus its noisy
     score (a mixture of mechanisms is bounded by the worst, Renyi divergence being quasi-convex)."""
-    curves = [candidate_rdp(config.candidate(s, 0), num_train, orders) for s in config.grid()]
+    curves = [candidate_rdp(config.candidate(s), num_train, orders) for s in config.grid()]
     candidate = np.max(curves, axis=0) + score_rdp(config.score_noise_multiplier, orders)
     study = repeat_and_select_rdp(orders=orders, rdp=candidate, mean_runs=config.mean_runs, shape=config.shape)
     eps = rdp_to_epsilon(orders=orders, rdp=study, delta=config.base.delta)
@@ -146,7 +146,7 @@ def run_study(config: StudyConfig, store: Store, launch: Launch, *, emit: Emit |
     emit = emit or (lambda *a, **k: None)
     plan = plan or plan_candidates(config)
     accounted = config.mode in ("private", "composition")
-    num_train = training_size(plan.configs[0] if plan.configs else config.candidate(config.grid()[0], 0)) \
+    num_train = training_size(plan.configs[0] if plan.configs else config.candidate(config.grid()[0])) \
         if accounted else None
     study_id = store.create_study(name=config.name, mode=config.mode,
                                   config=json.dumps(config.to_dict(), sort_keys=True))

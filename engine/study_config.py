@@ -68,9 +68,12 @@ class StudyConfig:
         keys = list(self.space)
         return [dict(zip(keys, values)) for values in itertools.product(*(self.space[k] for k in keys))]
 
-    def candidate(self, setting: dict[str, Any], index: int) -> RunConfig:
-        """The run config of one candidate: the base with `setting` applied (validated by RunConfig)."""
-        return candidate_config(self.base, setting, name=f"{self.name}/{index}")
+    def candidate(self, setting: dict[str, Any]) -> RunConfig:
+        """The run config of one candidate: the base with `setting` applied (validated by RunConfig).
+        Named by the study and the setting, not by its place in the study: a private study's released
+        run must not tell how many candidates came before it."""
+        shown = ", ".join(f"{k}={v}" for k, v in setting.items())
+        return candidate_config(self.base, setting, name=f"{self.name} ({shown})")
 
     def with_data_dir(self, data_dir: str) -> "StudyConfig":
         return dataclasses.replace(self, base=self.base.replace(data_dir=data_dir))
@@ -119,8 +122,8 @@ class StudyConfig:
                      score_noise_multiplier=_positive(values, "score_noise_multiplier", 5.0),
                      seed=base.seed if seed is None else seed)
         config._check_mode(values)
-        for index, setting in enumerate(config.grid()):
-            config.candidate(setting, index)  # every value the search may pick makes a valid run
+        for setting in config.grid():
+            config.candidate(setting)  # every value the search may pick makes a valid run
         return config
 
     def _check_mode(self, values: dict[str, Any]) -> None:

@@ -78,8 +78,9 @@ def test_study_file_errors_name_the_field(values, field, words):
 
 def test_a_noise_setting_in_the_space_replaces_the_bases():
     config = study(base={"noise_multiplier": None, "target_epsilon": 3.0}, space={"noise_multiplier": [0.8, 1.2]})
-    candidate = config.candidate({"noise_multiplier": 0.8}, 1)
-    assert candidate.noise_multiplier == 0.8 and candidate.target_epsilon is None and candidate.name == "s/1"
+    candidate = config.candidate({"noise_multiplier": 0.8})
+    assert candidate.noise_multiplier == 0.8 and candidate.target_epsilon is None
+    assert candidate.name == "s (noise_multiplier=0.8)"  # not its place in the study, which would tell K
 
 
 def test_dpw_study_refuses_a_bad_file_in_one_line(tmp_path):
@@ -153,7 +154,7 @@ def private_study(tmp_path_factory):
     config = study(space={"learning_rate": [0.5, 2.0]}, score_noise_multiplier=2.0)
     store = Store(tmp_path_factory.mktemp("private") / "runs.sqlite")
     settings = [{"learning_rate": 0.5}, {"learning_rate": 2.0}]
-    plan = StudyPlan(settings, [config.candidate(s, i + 1) for i, s in enumerate(settings)])
+    plan = StudyPlan(settings, [config.candidate(s) for s in settings])
     result = run_study(config, store, launcher(store), plan=plan)
     return config, store, result
 
