@@ -142,15 +142,15 @@ def test_the_audit_package_is_pure():
 # ---- real runs ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def digits_runs(tmp_path_factory):
-    """A non-private MLP that memorises 100 digits, and a strongly private one on the same subset."""
+    """A non-private MLP that memorises 100 digits, a strongly private one (all 1,438), a seeded one."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         store = Store(tmp_path_factory.mktemp("audit-store") / "runs.sqlite")
         overfit, _ = train_in_store(store, name="overfit", dataset="digits", mechanism="none", model="mlp",
                                     train_subset=100, expected_batch_size=50, epochs=80, learning_rate=0.5)
-        private, _ = train_in_store(store, name="private", dataset="digits", model="mlp", train_subset=100,
-                                    noise_multiplier=8.0, expected_batch_size=50, epochs=4, learning_rate=0.5)
+        private, _ = train_in_store(store, name="private", dataset="digits", model="mlp", noise_multiplier=8.0,
+                                    expected_batch_size=50, epochs=4, learning_rate=0.5)
         seeded, _ = train_in_store(store, name="seeded", dataset="digits", model="mlp", train_subset=100,
                                    noise_multiplier=1.0, expected_batch_size=50, epochs=1, learning_rate=0.5,
                                    reproducible_noise=True)
@@ -195,13 +195,14 @@ def test_audit_json_shape_and_an_overfit_model_leaks_while_a_private_one_does_no
                                  "--bootstrap", "300").output)
         assert {"epsilon", "mia", "canaries"} <= set(out) and out["canaries"] is None
         assert set(out["mia"]["tpr_at_fpr"]) == {"0.01", "0.001"}
-        assert out["mia"]["members"] == out["mia"]["nonmembers"] == 100
+        assert out["mia"]["members"] == out["mia"]["nonmembers"] == (100 if which == "overfit" else 359)
         results[which] = out
     overfit, private = results["overfit"]["mia"], results["private"]["mia"]
     assert results["overfit"]["epsilon"] is None and overfit["theory"] is None
+    # Non-private training is seeded: this AUC is the same every time; its 95% interval is well above 0.5.
     assert overfit["auc_interval"][0] > 0.55, overfit["auc"]
-    assert abs(private["auc"] - 0.5) < 0.1, private["auc"]
-    assert overfit["auc"] > private["auc"] + 0.1
+    # The private run's noise is secret: its AUC varies by about 0.02 (359 + 359 examples) around ~0.5.
+    assert abs(private["auc"] - 0.5) < 0.08, private["auc"]
     assert results["private"]["epsilon"] == pytest.approx(store.get_run(ids["private"])["epsilon"])
     assert private["theory"]["above_theory"] is False
 
