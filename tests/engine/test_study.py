@@ -225,6 +225,9 @@ def test_an_exploratory_studys_report_says_the_selection_is_not_covered(tmp_path
     assert report["guarantee"]["epsilon"] == pytest.approx(run_epsilon(store.get_run(result.released_run_id)).value)
     shown = CliRunner().invoke(cli, ["show", str(result.released_run_id), "--db", str(store.path)])
     assert sentence in shown.output
+    export_run(store, result.released_run_id, tmp_path / "out")
+    card = json.loads((tmp_path / "out" / "model_card.json").read_text())
+    assert sentence in card["privacy"]["statement"]
 
 
 def test_dpw_study_runs_its_candidates_in_runner_processes(tmp_path):
