@@ -110,7 +110,7 @@ class CompareView(QWidget):
         self._scatter(all_rows, {run_id: index for index, run_id in enumerate(self.run_ids)})
         self._config_table([row for row, _ in runs])
         for plot in (self.tradeoff, self.acc_steps, self.eps_steps, self.scatter_plot):
-            plot.enableAutoRange()
+            plot.fit_to_data()
         self.hint.setVisible(len(runs) < 2)
 
     def _scatter(self, rows: list[dict[str, Any]], selected: dict[int, int]) -> None:

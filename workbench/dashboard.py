@@ -200,8 +200,12 @@ class Dashboard(QWidget):
         self._dirty = []
         self._reset_axes(data)
         self.refresh(complete=True)
-        for plot in self.plots():
-            plot.enableAutoRange()
+        if data is not None and data.version > 0 and (data.metrics or data.privacy):
+            for plot in self.plots():
+                plot.fit_to_data()
+        else:
+            for plot in self.plots():
+                plot.enableAutoRange()
 
     def plots(self) -> tuple[Plot, ...]:
         return (self.acc_plot, self.loss_plot, self.eps_plot, self.teacher_plot, self.teacher_acc_plot,

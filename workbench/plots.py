@@ -61,6 +61,7 @@ class Plot(pg.PlotWidget):
         """`log_axis`: offer a log value axis in the context menu; `y_bounds`: the value axis never
         leaves them (accuracy: (0, 1)). `corner` is accepted for older callers: legends sit under the plot."""
         super().__init__(parent=parent)
+        del self.clear  # PlotWidget binds PlotItem.clear to each instance; Plot.clear keeps the read-out
         self._title = title
         self.log_axis_offered = log_axis
         self.y_bounds = y_bounds
@@ -91,7 +92,7 @@ class Plot(pg.PlotWidget):
     def _legend_below(self) -> pg.LegendItem:
         """The legend as a row under the x axis, never over the curves or the budget line."""
         item = self.getPlotItem()
-        legend = pg.LegendItem(colCount=4, horSpacing=12, verSpacing=-6)
+        legend = pg.LegendItem(colCount=2, horSpacing=12, verSpacing=-6)
         legend.setParentItem(None)
         item.layout.addItem(legend, 4, 1)
         item.legend = legend  # named curves added to the plot join it
@@ -112,6 +113,15 @@ class Plot(pg.PlotWidget):
             self.legend.setBrush(pg.mkBrush(background))
         self.hover.setColor(foreground)
         self.hover.fill = pg.mkBrush(QColor(background))
+        self.hover.border = pg.mkPen(foreground)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        legend = getattr(self, "legend", None)
+        if legend is not None:  # as many entries side by side as fit (about 230 px each)
+            columns = max(1, min(4, self.width() // 230))
+            if columns != legend.columnCount:
+                legend.setColumnCount(columns)
 
     def showEvent(self, event) -> None:  # noqa: N802
         # Curves set while hidden were downsampled for a zero-size view; redo them at the real size.
@@ -125,6 +135,36 @@ class Plot(pg.PlotWidget):
         view = self.getPlotItem().getViewBox()
         if any(view.autoRangeEnabled()):
             view.updateAutoRange()
+
+    def clear(self) -> None:
+        """Remove every curve and line; the hover read-out stays."""
+        self.getPlotItem().clear()
+        self._lines = []
+        self.hover.hide()
+        self.getPlotItem().addItem(self.hover, ignoreBounds=True)
+
+    def fit_to_data(self) -> None:
+        """Show all the data, then follow it. Curves clipped to the view report only what the old view
+        showed, so the auto range alone could keep a previous run's axes: the full extent is set first."""
+        xs, ys = [], []
+        for item in self.getPlotItem().listDataItems():
+            if isinstance(item, pg.PlotDataItem) and item.xData is not None and len(item.xData):
+                x, y = np.asarray(item.xData, dtype=float), np.asarray(item.yData, dtype=float)
+                if self.log_y:
+                    y = np.log10(np.where(y > 0, y, np.nan))
+                keep = np.isfinite(x) & np.isfinite(y)
+                if keep.any():
+                    xs += [x[keep].min(), x[keep].max()]
+                    ys += [y[keep].min(), y[keep].max()]
+        view = self.getPlotItem().getViewBox()
+        if xs:
+            x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+            if self.y_bounds is not None and not self.log_y:
+                low, high = self.y_bounds
+                y0 = y0 if low is None else max(y0, low)
+                y1 = y1 if high is None else min(y1, high)
+            view.setRange(xRange=(x0, x1 if x1 > x0 else x0 + 1), yRange=(y0, y1 if y1 > y0 else y0 + 1e-3))
+        view.enableAutoRange()
 
     def set_title(self, title: str) -> None:
         self._title = title
@@ -204,8 +244,11 @@ class Plot(pg.PlotWidget):
         if not text:
             self.hover.hide()
             return
+        view = self.getPlotItem().getViewBox()
+        right_half = scene_pos.x() > view.sceneBoundingRect().center().x()
+        self.hover.setAnchor((1.05, 1.05) if right_half else (-0.05, 1.05))  # towards the middle, off the cursor
         self.hover.setText(text)
-        self.hover.setPos(self.getPlotItem().getViewBox().mapSceneToView(scene_pos))
+        self.hover.setPos(view.mapSceneToView(scene_pos))
         self.hover.show()
 
     def leaveEvent(self, event) -> None:  # noqa: N802
@@ -226,7 +269,7 @@ class Plot(pg.PlotWidget):
         self._apply_bounds()
         for line, value in self._lines:
             self._place(line, value)
-        self.getPlotItem().enableAutoRange()
+        self.fit_to_data()
 
     def _place(self, line: pg.InfiniteLine, value: float | None) -> None:
         if value is not None:
@@ -278,7 +321,7 @@ class Plot(pg.PlotWidget):
             log.setCheckable(True)
             log.setChecked(self.log_y)
             log.toggled.connect(self.set_log_y)
-        menu.addAction("Fit to data", lambda: self.getPlotItem().enableAutoRange())
+        menu.addAction("Fit to data", self.fit_to_data)
         menu.addSeparator()
         menu.addAction("Save plot as PNG or SVG…", self._save_image)
         menu.addAction("Save data as CSV…", self._save_csv)

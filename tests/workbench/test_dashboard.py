@@ -156,3 +156,23 @@ def test_header_step_and_bar_agree_and_a_failed_run_without_steps_shows_an_empty
     failed.fail("the dataset file is missing")
     dashboard.show_run(failed)
     assert dashboard.progress.value() == 0 and "100" not in dashboard.progress.text()
+
+
+def test_fit_to_data_shows_all_of_a_new_curve_not_the_old_view(qtbot):
+    from workbench.plots import Plot, set_curve
+
+    plot = Plot("Accuracy against privacy", "publishable ε", "test accuracy")
+    qtbot.addWidget(plot)
+    plot.resize(400, 300)
+    plot.show()
+    curve = plot.curve("run 1", 0, symbol="o")
+    set_curve(curve, np.linspace(0.3, 2.3, 50), np.linspace(0.2, 0.7, 50))
+    plot.fit_to_data()
+    qtbot.wait(50)
+    plot.clear()
+    set_curve(plot.curve("run 2", 1, symbol="o"), np.linspace(1.5, 3.0, 50), np.linspace(0.2, 0.8, 50))
+    plot.fit_to_data()
+    qtbot.wait(50)
+    (x0, x1), _ = plot.getPlotItem().getViewBox().viewRange()
+    assert x0 <= 1.5 and x1 >= 3.0
+    assert plot.hover.scene() is plot.scene()  # the read-out survives clear()
