@@ -449,7 +449,8 @@ class Store:
     def reconcile_orphans(self) -> list[int]:
         """Mark `queued`/`running` runs whose owner process on this host is gone as failed, with the
         reason (their privacy spent stays as the ledger recorded it). Returns their ids. A read-only
-        store is left as it is."""
+        store is left as it is, and so is one that cannot be written now (full disk): reading it must
+        still work, and the next reader with room reconciles."""
         host = socket.gethostname()
         lost = []
         rows = self.db.conn.execute("select id, status, pid, host from runs where status in ('queued', 'running')")
@@ -470,11 +471,16 @@ class Store:
         done = []
         for run_id, status, pid in lost:
             error, hint = reasons[status]
-            with self._write() as conn:
-                changed = conn.execute(
-                    "update runs set status = 'failed', finished = ?, error = ?, error_hint = ? "
-                    "where id = ? and status = ? and pid is ?", [now_iso(), error, hint, run_id, status, pid]
-                ).rowcount
+            try:
+                with self._write() as conn:
+                    changed = conn.execute(
+                        "update runs set status = 'failed', finished = ?, error = ?, error_hint = ? "
+                        "where id = ? and status = ? and pid is ?", [now_iso(), error, hint, run_id, status, pid]
+                    ).rowcount
+            except sqlite3.OperationalError as exc:
+                if "full" not in str(exc):
+                    raise
+                break
             if changed:
                 done.append(run_id)
         return done
