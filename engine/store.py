@@ -119,8 +119,9 @@ RUN_COLUMNS_NEEDED = {"id", "name", "status", "config"}  # a `runs` table withou
 def check_deletable(run: dict[str, Any]) -> None:
     """Raise DPWError if `run` (a row of `runs`) may not be deleted: it is running."""
     if run["status"] == "running":
+        runner = f", or `kill {run['pid']}` (its runner process)" if run.get("pid") else ""
         raise DPWError(f"run {run['id']} ({run['name']}) is running; stop it before deleting it",
-                       hint="Ctrl-C in its `dpw run`, or Stop in the window")
+                       hint=f"Ctrl-C in its `dpw run`, Stop in the window{runner}")
 RUN_TABLES = ("metrics", "privacy", "events", "artifacts", "votes")  # rows owned by a run
 
 

@@ -134,8 +134,9 @@ def test_ids_of_deleted_runs_are_never_given_again(store):
 def test_a_running_run_cannot_be_deleted(store):
     run_id = store.create_run(RunConfig(name="busy", noise_multiplier=1.0))
     store.mark_running(run_id)  # this test process is its live runner
-    with pytest.raises(DPWError, match="is running; stop it"):
+    with pytest.raises(DPWError, match="is running; stop it") as refused:
         store.delete_run(run_id)
+    assert f"kill {os.getpid()}" in refused.value.hint  # its runner, even when its `dpw run` is gone
     assert store.get_run(run_id)["status"] == "running" and store.deleted_runs() == []
 
 
