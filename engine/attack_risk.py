@@ -70,7 +70,7 @@ def run_attack_risk(run: dict[str, Any]) -> RunAttackRisk:
                              "on any attack")
     eps = publishable_epsilon(run)
     if eps.value is None or eps.delta is None:
-        return _no_risk(run, "nothing was accounted yet (the run took no private step)")
+        return _no_risk(run, eps.note or "nothing was accounted yet (the run took no private step)")
     if (run.get("study") or {}).get("mode") in ("private", "composition"):
         return _no_risk(run, "a run of a tuning study: its guarantee covers the whole study, whose attack figures "
                              "are not computed yet (this run's own would understate the risk)")
