@@ -281,7 +281,9 @@ class Dashboard(QWidget):
                                                  released.last() if released is not None else None)
             if value is not None:
                 where = f", query {int(di.x[-1]):,}" if di is not None and len(di) else ""
-                parts.append(f"ε {value:.3g} (publishable, {accountant}{where})")
+                delta = data.summary.get("delta", data.config.get("delta"))
+                at_delta = f", δ {float(delta):g}" if isinstance(delta, (int, float)) else ""
+                parts.append(f"ε {value:.3g} (publishable, {accountant}{at_delta}{where})")
             if dd is not None and len(dd):
                 parts.append(f"data-dependent ε {dd.last():.3g} (private diagnostic, not publishable)")
             run = {"mechanism": data.mechanism, "config": data.config}
@@ -292,7 +294,9 @@ class Dashboard(QWidget):
             name, series = data.epsilon_series()
             if series is not None and len(series):
                 spent = series.last()
-                parts.append(f"ε {spent:.3g} ({name}, step {int(series.x[-1]):,})")
+                delta = data.plan.get("delta", data.config.get("delta"))
+                at_delta = f", δ {float(delta):g}" if isinstance(delta, (int, float)) else ""
+                parts.append(f"ε {spent:.3g} ({name}{at_delta}, step {int(series.x[-1]):,})")
                 live = data.privacy.get("rdp")
                 if name != "rdp" and live is not None and len(live) and live.x[-1] > series.x[-1]:
                     parts.append(f"live bound {live.last():.3g} (rdp, step {int(live.x[-1]):,})")

@@ -17,7 +17,8 @@ from workbench.run_data import RunData
 def dpsgd_run(run_id: int = 1, *, steps: int = 85, planned: int = 169, allowed: int = 85, budget: float = 10.0,
               accountants=("rdp", "pld"), status: str | None = "finished") -> RunData:
     data = RunData(run_id=run_id, name=f"run-{run_id}", mechanism="dpsgd",
-                   config={"epsilon_budget": budget, "accountant": "pld", "reproducible_noise": False})
+                   config={"epsilon_budget": budget, "accountant": "pld", "reproducible_noise": False,
+                           "delta": 1e-5})
     data.apply({"type": "plan", "steps": planned, "steps_allowed": allowed, "epsilon_budget": budget,
                 "accountant": "pld", "delta": 1e-5})
     data.apply({"type": "progress", "phase": "training", "done": 0, "total": planned})
@@ -150,7 +151,7 @@ def test_progress_counts_the_budget_stop(qtbot):
 def test_header_step_and_bar_agree_and_a_failed_run_without_steps_shows_an_empty_bar(dashboard, qtbot):
     data = dpsgd_run(steps=85)  # the last progress event said 79; the curves reached 85
     dashboard.show_run(data)
-    assert "step 85" in dashboard.budget_label.text()
+    assert "ε 3.5 (pld, δ 1e-05, step 85)" in dashboard.budget_label.text()  # with its δ and accountant
     assert dashboard.progress.value() == 85 and dashboard.progress.text().startswith("85 / 85")
     failed = RunData(run_id=4, name="broken", mechanism="dpsgd")
     failed.fail("the dataset file is missing")
