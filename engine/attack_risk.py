@@ -165,7 +165,8 @@ def attacker_statements(figures) -> list[str]:
         if 0.001 in tpr:
             text += f", and at most {percent_up(tpr[0.001])} at FPR 0.1%"
         lines.append(text + ".")
-    lines.append(f"Whatever test it uses, its advantage (TPR minus FPR) is at most {percent_up(figures.max_advantage)}.")
+    lines.append(f"Whatever test it uses, its advantage (TPR minus FPR) is at most "
+                 f"{percent_up(figures.max_advantage)}.")
     post = figures.posterior
     if 0.01 in post and 0.5 in post:
         lines.append(f"An attacker who thought it 1% likely that the record was used ends up at most "

@@ -39,7 +39,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    common = dict(dataset=args.dataset, data_dir=args.data_dir, model="mnist_cnn" if args.dataset == "mnist" else "auto",
+    model = "mnist_cnn" if args.dataset == "mnist" else "auto"
+    common = dict(dataset=args.dataset, data_dir=args.data_dir, model=model,
                   train_subset=args.train_subset, expected_batch_size=256, epochs=args.epochs, learning_rate=2.0,
                   delta=1e-5, seed=0)
     settings = [("epsilon 1", dict(target_epsilon=1.0)), ("epsilon 3", dict(target_epsilon=3.0)),

@@ -105,7 +105,8 @@ def test_scores_that_respect_the_theory_curve_are_not_flagged_beyond_the_confide
     at_bound, inside = 0, 0
     fpr, tpr = _gdp_curve(1.0)
     for _ in range(100):
-        at_bound += check_against_theory(member_scores=rng.normal(1.0, 1.0, 500), nonmember_scores=rng.normal(0, 1, 500),
+        at_bound += check_against_theory(member_scores=rng.normal(1.0, 1.0, 500),
+                                         nonmember_scores=rng.normal(0, 1, 500),
                                          theory_fpr=fpr, theory_tpr=tpr).above_theory
         inside += check_against_theory(member_scores=rng.normal(0.5, 1.0, 500), nonmember_scores=rng.normal(0, 1, 500),
                                        theory_fpr=fpr, theory_tpr=tpr).above_theory
@@ -255,7 +256,8 @@ def test_report_says_what_the_epsilon_means_for_an_attacker_in_json_html_and_pdf
     assert attacker["statements"] == attacker_statements(figures)
     assert attacker["tpr_at_fpr"]["0.01"] == figures.tpr_at_fpr[0.01]
     assert attacker["posterior"]["0.5"] == figures.posterior[0.5]
-    assert f"at most {percent_up(figures.tpr_at_fpr[0.01])} at a false-positive rate (FPR) of 1%" in attacker["statements"][0]
+    bound = percent_up(figures.tpr_at_fpr[0.01])
+    assert f"at most {bound} at a false-positive rate (FPR) of 1%" in attacker["statements"][0]
     assert "audit" not in report and report["contains_private_data"] is False
     html = write_report(store, ids["private"], tmp_path / "r.html").read_text(encoding="utf-8")
     assert "What this epsilon means for an attacker" in html and "Membership-inference audit" not in html
