@@ -111,14 +111,19 @@ def score_rdp(score_noise_multiplier: float, orders=DEFAULT_ORDERS) -> np.ndarra
     return compute_rdp(sample_rate=1.0, noise_multiplier=score_noise_multiplier, steps=1, orders=orders)
 
 
-def private_study_epsilon(config: StudyConfig, num_train: int, orders=DEFAULT_ORDERS) -> Epsilon:
-    """The repeat-and-select bound [PS22, Thms. 2 and 6] of a private study: one candidate's curve is
-    the pointwise maximum, over every setting the search can draw, of its training plus its noisy
-    score (a mixture of mechanisms is bounded by the worst, Renyi divergence being quasi-convex)."""
+def private_study_rdp(config: StudyConfig, num_train: int, orders=DEFAULT_ORDERS) -> np.ndarray:
+    """The RDP curve of a private study at `orders` [PS22, Thms. 2 and 6]: repeat-and-select of one
+    candidate whose curve is the pointwise maximum, over every setting the search can draw, of its
+    training plus its noisy score (a mixture of mechanisms is bounded by the worst, Renyi divergence
+    being quasi-convex). Attack figures of the released run can be read off this curve."""
     curves = [candidate_rdp(config.candidate(s), num_train, orders) for s in config.grid()]
     candidate = np.max(curves, axis=0) + score_rdp(config.score_noise_multiplier, orders)
-    study = repeat_and_select_rdp(orders=orders, rdp=candidate, mean_runs=config.mean_runs, shape=config.shape)
-    eps = rdp_to_epsilon(orders=orders, rdp=study, delta=config.base.delta)
+    return repeat_and_select_rdp(orders=orders, rdp=candidate, mean_runs=config.mean_runs, shape=config.shape)
+
+
+def private_study_epsilon(config: StudyConfig, num_train: int, orders=DEFAULT_ORDERS) -> Epsilon:
+    """The (epsilon, delta) of a private study: its RDP curve (private_study_rdp) at the base's delta."""
+    eps = rdp_to_epsilon(orders=orders, rdp=private_study_rdp(config, num_train, orders), delta=config.base.delta)
     return Epsilon(value=eps.value, delta=eps.delta, accountant=PRIVATE_ACCOUNTANT, order=eps.order)
 
 

@@ -79,10 +79,16 @@ class StudyConfig:
         return dataclasses.replace(self, base=self.base.replace(data_dir=data_dir))
 
     def to_dict(self) -> dict[str, Any]:
+        """The study as its file would hold it (StudyConfig.from_dict reads it back)."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if self.mode != "private":
+            for key in ("mean_runs", "shape", "score_noise_multiplier"):
+                del values[key]
+        values = {k: v for k, v in values.items() if v is not None}
         values["base"] = self.base.to_dict()
         values["space"] = {k: list(v) for k, v in self.space.items()}
-        values["shape"] = "poisson" if math.isinf(self.shape) else self.shape
+        if self.mode == "private":
+            values["shape"] = "poisson" if math.isinf(self.shape) else self.shape
         return values
 
     # ---- reading ------------------------------------------------------------------------------

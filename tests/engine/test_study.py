@@ -83,6 +83,14 @@ def test_a_noise_setting_in_the_space_replaces_the_bases():
     assert candidate.name == "s (noise_multiplier=0.8)"  # not its place in the study, which would tell K
 
 
+@pytest.mark.parametrize("values", [{}, {"shape": "poisson"}, {"mode": "composition", "mean_runs": None},
+                                    {"mode": "exploratory", "mean_runs": None, "search": "random",
+                                     "num_candidates": 3}])
+def test_a_study_reads_back_as_the_studies_table_keeps_it(values):
+    config = study(**values)
+    assert StudyConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+
+
 def test_dpw_study_refuses_a_bad_file_in_one_line(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text('name = "bad"\nmode = "private"\nmean_runs = 3\n[base]\ndataset = "digits"\nnoise_multiplier = 1.0'
@@ -146,6 +154,8 @@ def test_the_private_epsilon_covers_the_noisiest_setting_and_the_score():
     expected = rdp_to_epsilon(orders=DEFAULT_ORDERS, delta=1e-5, rdp=repeat_and_select_rdp(
         orders=DEFAULT_ORDERS, rdp=curve, mean_runs=3, shape=1.0))
     assert private_study_epsilon(config, TRAIN).value == pytest.approx(expected.value, rel=1e-9)
+    stored = StudyConfig.from_dict(json.loads(json.dumps(config.to_dict())))  # as the studies table keeps it
+    assert private_study_epsilon(stored, TRAIN).value == pytest.approx(expected.value, rel=1e-12)
 
 
 @pytest.fixture(scope="module")
