@@ -202,30 +202,32 @@ class Plot(pg.PlotWidget):
                 if isinstance(c, pg.PlotDataItem) and c.name() and c.xData is not None and len(c.xData)]
 
     def nearest(self, scene_pos: QPointF) -> tuple[str, float, float] | None:
-        """(curve name, x, y) of the data point nearest `scene_pos` within HOVER_RADIUS_PX, exact values."""
+        """(curve name, x, y) of the data point nearest `scene_pos` within HOVER_RADIUS_PX, exact values.
+        Distances in pixels, vectorised over each curve (cheap enough for every mouse move)."""
         view = self.getPlotItem().getViewBox()
         if not view.sceneBoundingRect().contains(scene_pos):
+            return None
+        mouse = view.mapSceneToView(scene_pos)
+        pixel_x, pixel_y = view.viewPixelSize()
+        if not pixel_x or not pixel_y:
             return None
         best = None
         for curve in self.named_curves():
             x, y = np.asarray(curve.xData, dtype=float), np.asarray(curve.yData, dtype=float)
-            shown_y = np.log10(np.where(y > 0, y, np.nan)) if self.log_y else y
-            keep = np.isfinite(shown_y)
-            if not keep.any():
+            if x.size > 1000 and x[0] <= x[-1]:  # steps ascend: only points within reach in x
+                reach = HOVER_RADIUS_PX * abs(pixel_x)
+                lo, hi = np.searchsorted(x, [mouse.x() - reach, mouse.x() + reach])
+                if lo < hi and np.all(x[lo + 1:hi] >= x[lo:hi - 1]):
+                    x, y = x[lo:hi], y[lo:hi]
+            if not x.size:
                 continue
-            points = [view.mapViewToScene(QPointF(a, b)) for a, b in zip(x[keep], shown_y[keep])] \
-                if keep.sum() <= 2000 else None
-            if points is None:  # long curves: look near the mouse's x only
-                mouse = view.mapSceneToView(scene_pos)
-                i = int(np.clip(np.searchsorted(x[keep], mouse.x()), 0, keep.sum() - 1))
-                candidates = range(max(i - 2, 0), min(i + 3, int(keep.sum())))
-                points = {j: view.mapViewToScene(QPointF(x[keep][j], shown_y[keep][j])) for j in candidates}
-            else:
-                points = dict(enumerate(points))
-            for j, point in points.items():
-                distance = math.hypot(point.x() - scene_pos.x(), point.y() - scene_pos.y())
-                if distance <= HOVER_RADIUS_PX and (best is None or distance < best[0]):
-                    best = (distance, curve.name(), float(x[keep][j]), float(y[keep][j]))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                shown_y = np.log10(y) if self.log_y else y
+                distance = np.hypot((x - mouse.x()) / pixel_x, (shown_y - mouse.y()) / pixel_y)
+            distance[~np.isfinite(distance)] = np.inf
+            i = int(np.argmin(distance))
+            if distance[i] <= HOVER_RADIUS_PX and (best is None or distance[i] < best[0]):
+                best = (float(distance[i]), curve.name(), float(x[i]), float(y[i]))
         return None if best is None else best[1:]
 
     def readout(self, scene_pos: QPointF) -> str:
