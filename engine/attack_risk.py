@@ -25,6 +25,8 @@ from engine.publication import carries_guarantee, publishable_epsilon
 BASIS_PLD = "DP-SGD: pessimistic PLD of the Poisson-subsampled Gaussian over the steps taken"
 BASIS_RDP_STATISTICS = ("DP-SGD with DP feature statistics: RDP of the training steps composed with the "
                         "statistics' Gaussian release")
+BASIS_PRIVATE_STUDY = ("private tuning study: RDP curve of repeat-and-select over its candidates (training and "
+                       "noisy score), engine.study")
 BASIS_PATE_DI = "PATE: RDP curve of the data-independent bound (queries asked and answered)"
 BASIS_PATE_DI_NOT_RELEASED = (BASIS_PATE_DI + "; the released epsilon is smaller but has no stored RDP "
                               "curve, so these figures are looser than the publishable epsilon")
@@ -71,9 +73,13 @@ def run_attack_risk(run: dict[str, Any]) -> RunAttackRisk:
     eps = publishable_epsilon(run)
     if eps.value is None or eps.delta is None:
         return _no_risk(run, eps.note or "nothing was accounted yet (the run took no private step)")
-    if (run.get("study") or {}).get("mode") in ("private", "composition"):
-        return _no_risk(run, "a run of a tuning study: its guarantee covers the whole study, whose attack figures "
-                             "are not computed yet (this run's own would understate the risk)")
+    study = run.get("study") or {}
+    if study.get("mode") == "private":
+        figures = risk.attack_risk(profile=_private_study_profile(run, study), delta=float(eps.delta))
+        return RunAttackRisk(int(run["id"]), figures, BASIS_PRIVATE_STUDY, None, eps.value, float(eps.delta))
+    if study.get("mode") == "composition":
+        return _no_risk(run, "a run of a composition study: its guarantee covers all the study's runs, whose attack "
+                             "figures are not computed yet (this run's own would understate the risk)")
     if mechanism == "dpsgd":
         profile, basis = _dpsgd_profile(run)
     elif mechanism == "pate":
@@ -108,6 +114,17 @@ def dpsgd_profile(*, sample_rate: float, noise_multiplier: float, steps: int,
     curve = compute_rdp(sample_rate=q, noise_multiplier=sigma, steps=steps) + gaussian_rdp(
         noise_multiplier=float(statistics), orders=DEFAULT_ORDERS)
     return risk.rdp_privacy_profile(orders=DEFAULT_ORDERS, rdp=curve), BASIS_RDP_STATISTICS
+
+
+def _private_study_profile(run: dict[str, Any], study: dict[str, Any]):
+    """The released run of a private study: the study's RDP curve (engine.study.private_study_rdp)."""
+    from engine.privacy import risk
+    from engine.privacy.rdp import DEFAULT_ORDERS
+    from engine.study import private_study_rdp
+    from engine.study_config import StudyConfig
+
+    curve = private_study_rdp(StudyConfig.from_dict(study["config"]), int(run["num_train"]), DEFAULT_ORDERS)
+    return risk.rdp_privacy_profile(orders=DEFAULT_ORDERS, rdp=curve)
 
 
 def pate_data_independent_rdp(run: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:

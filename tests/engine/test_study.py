@@ -191,7 +191,9 @@ def test_a_private_study_releases_its_best_candidate_with_the_studys_epsilon(pri
     assert any("covers the search" in caveat for caveat in report["caveats"])
     from engine.attack_risk import run_attack_risk
 
-    assert run_attack_risk(released).risk is None  # the lone run's figures would understate the study's risk
+    study_risk, lone_risk = run_attack_risk(released), run_attack_risk({**released, "study": None})
+    assert study_risk.basis.startswith("private tuning study") and study_risk.publishable_epsilon == eps.value
+    assert study_risk.risk.max_advantage > lone_risk.risk.max_advantage  # the lone run's would understate it
 
 
 def test_a_candidate_that_was_not_released_is_never_exported(private_study, tmp_path):
