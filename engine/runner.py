@@ -46,7 +46,10 @@ class StopFlag:
 
 
 def artifacts_dir(store: Store, run_id: int) -> Path:
-    return store.path.parent / "artifacts" / f"run-{run_id}"
+    """Where a run's saved models go: beside the store, in a folder named after it, so two stores in one
+    folder never write to the same run-N (the default runs.sqlite keeps its plain `artifacts` folder)."""
+    folder = "artifacts" if store.path.stem == "runs" else f"{store.path.stem}-artifacts"
+    return store.path.parent / folder / f"run-{run_id}"
 
 
 def remove_run(store: Store, run_id: int) -> dict:

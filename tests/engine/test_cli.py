@@ -114,7 +114,7 @@ def test_run_list_and_show_on_a_tiny_real_run(tmp_path):
     shown = json.loads(dpw("show", "tiny", "--db", db, "--json").stdout)
     assert shown["run"]["id"] == 1 and shown["rows"]["privacy"] > 0 and shown["artifacts"]
 
-    artifacts = tmp_path / "artifacts" / "run-1"
+    artifacts = tmp_path / "r-artifacts" / "run-1"  # named after the store, r.sqlite
     assert artifacts.is_dir()
     kept = dpw("delete", "tiny", "--db", db, input="n\n")  # asks first; "n" keeps it
     assert kept.returncode != 0 and "Delete run 1 (tiny, finished)" in kept.stdout

@@ -15,7 +15,7 @@ import pytest
 from engine import privacy
 from engine.config import RunConfig
 from engine.events import decode
-from engine.runner import sha256_of
+from engine.runner import artifacts_dir, sha256_of
 from engine.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -300,3 +300,9 @@ def test_pate_teachers_with_a_non_finite_loss_stop_the_run_before_any_query(tmp_
     assert "teachers' training diverged" in run["error"] and run["epsilon"] is None
     counts = store.table_counts(run_id)
     assert counts["votes"] == 0 and counts["privacy"] == 0
+
+
+def test_two_stores_in_one_folder_keep_their_models_apart(tmp_path):
+    default, other = Store(tmp_path / "runs.sqlite"), Store(tmp_path / "trial.sqlite")
+    assert artifacts_dir(default, 1) == tmp_path / "artifacts" / "run-1"
+    assert artifacts_dir(other, 1) == tmp_path / "trial-artifacts" / "run-1"
