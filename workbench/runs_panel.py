@@ -58,7 +58,7 @@ def result_values(row: dict[str, Any]) -> list[tuple[str, str]]:
 def _text(value: Any) -> str:
     if isinstance(value, (dict, list)):
         return json.dumps(value)
-    return "" if value is None else str(value)
+    return "unset" if value is None else str(value)
 
 
 class ConfigPanel(QTreeWidget):
