@@ -99,8 +99,12 @@ class Dashboard(QWidget):
         font.setBold(True)
         self.title.setFont(font)
         self.budget_label = QLabel("")
-        top.addWidget(self.title, 1)
-        top.addWidget(self.budget_label)
+        # A long guarantee (PATE: publishable and diagnostic epsilons) wraps instead of widening the page.
+        self.budget_label.setWordWrap(True)
+        self.budget_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        self.title.setWordWrap(True)
+        top.addWidget(self.title, 2)
+        top.addWidget(self.budget_label, 3)
         layout.addLayout(top)
         bar = QHBoxLayout()
         self.phase_label = QLabel("")
@@ -157,8 +161,11 @@ class Dashboard(QWidget):
         self.teacher_plot = Plot("Teacher training", "epoch (one line per group of teachers)",
                                  "mean train loss", legend=False)
         # Accuracies of models trained without privacy on private data: shown here, never exported.
-        self.teacher_acc_plot = Plot("Teachers (private: not covered by ε, never exported)", "teacher",
+        # A short title: a long one sets the plot's minimum width and pushes it under its neighbour.
+        self.teacher_acc_plot = Plot("Teachers (private, not in ε)", "teacher",
                                      "held-out accuracy", legend=False, y_bounds=(0.0, 1.0))
+        self.teacher_acc_plot.setToolTip("Accuracies of the teachers, trained without privacy on the private "
+                                         "data: not covered by ε, shown here only, never exported.")
         self.pate_eps_plot = Plot("Privacy spent", "queries processed", "ε", log_axis=True, y_bounds=(0.0, None))
         self.counts_plot = Plot("Student queries", "queries processed", "count")
         self.student_plot = Plot("Student", "student step", "test accuracy", legend=False, y_bounds=(0.0, 1.0))
@@ -399,7 +406,7 @@ class Dashboard(QWidget):
             last = float(m["teacher_accuracy"].x.max())
             value = m["ensemble_accuracy"].last()
             set_curve(self.ensemble_curve, np.array([0.0, last]), np.array([value, value]))
-            self.teacher_acc_plot.setLabel("bottom", f"teacher (dashed: ensemble {value:.3f})")
+            self.teacher_acc_plot.setLabel("bottom", f"teacher (- - ensemble {value:.3f})")
         else:
             self.ensemble_curve.setData([], [])
             self.teacher_acc_plot.setLabel("bottom", "teacher")

@@ -117,11 +117,18 @@ class Plot(pg.PlotWidget):
 
     def resizeEvent(self, event) -> None:  # noqa: N802
         super().resizeEvent(event)
+        self._fit_legend()
+
+    def _fit_legend(self) -> None:
+        """As many legend entries side by side as the width takes (a wider legend would widen the
+        plot past its place in the layout, under its neighbour)."""
         legend = getattr(self, "legend", None)
-        if legend is not None:  # as many entries side by side as fit (about 230 px each)
-            columns = max(1, min(4, self.width() // 230))
-            if columns != legend.columnCount:
-                legend.setColumnCount(columns)
+        if legend is None:
+            return
+        widest = max((label.boundingRect().width() + 50 for _, label in legend.items), default=200.0)
+        columns = int(max(1, min(4, (self.width() - 60) // widest)))
+        if columns != legend.columnCount:
+            legend.setColumnCount(columns)
 
     def showEvent(self, event) -> None:  # noqa: N802
         # Curves set while hidden were downsampled for a zero-size view; redo them at the real size.
@@ -188,6 +195,8 @@ class Plot(pg.PlotWidget):
         item.setDownsampling(auto=True, method="peak")
         item.setClipToView(True)
         self.addItem(item)
+        if name:
+            self._fit_legend()
         return item
 
     def anchor(self) -> pg.PlotDataItem:
