@@ -115,8 +115,15 @@ class CompareView(QWidget):
 
     def _scatter(self, rows: list[dict[str, Any]], selected: dict[int, int]) -> None:
         """`selected`: run id -> its colour index in the other plots."""
+        groups = {(r.get("dataset"), r.get("mechanism")) for r in rows if r["id"] in selected}
         points = [r for r in rows if r["status"] == "finished" and r.get("accuracy") is not None
-                  and publishable_epsilon(r).value is not None]
+                  and publishable_epsilon(r).value is not None
+                  and (not groups or (r.get("dataset"), r.get("mechanism")) in groups)]
+        # Accuracy is comparable on one dataset, and epsilon within one mechanism: only the selected
+        # runs' (dataset, mechanism) groups are placed here.
+        named = "; ".join(f"{d}, {m}" for d, m in sorted(groups, key=str))
+        self.scatter_plot.set_title("Finished runs" if groups else "All finished runs")
+        self.scatter_plot.setLabel("bottom", "final publishable ε" + (f" ({named})" if groups else ""))
         _, foreground = palette_colours()
         spots = []
         for r in points:
