@@ -165,7 +165,7 @@ class MainWindow(QMainWindow):
         self.act_delete.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
         self.runs_view.addAction(self.act_delete)
         self.act_refresh = self._action("Re&fresh", self.refresh_runs, QKeySequence.StandardKey.Refresh)
-        self.act_quit = self._action("&Quit", self.close, QKeySequence.StandardKey.Quit)
+        self.act_quit = self._action("&Quit", self.quit_by_user, QKeySequence.StandardKey.Quit)
         self.act_setup = self._action("Set&up", lambda: self.tabs.setCurrentWidget(self.form), "Ctrl+1")
         self.act_dash = self._action("&Dashboard", lambda: self.tabs.setCurrentWidget(self.dashboard), "Ctrl+2")
         self.act_votes = self._action("PATE &votes", lambda: self.tabs.setCurrentWidget(self.votes), "Ctrl+3")
@@ -230,10 +230,21 @@ class MainWindow(QMainWindow):
         s.set_json("window/tab", self.tabs.currentIndex())
         s.sync()
 
+    def quit_by_user(self) -> None:
+        """File > Quit: like the window's close button, it asks about runs still going."""
+        self._closed_by_user = True
+        try:
+            self.close()
+        finally:
+            self._closed_by_user = False
+
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
-        if self.client.active_ids():
+        # Only a person closing the window is asked (close button, Quit); a close from code stops the runs.
+        by_user = event.spontaneous() or getattr(self, "_closed_by_user", False)
+        running = [i for i, job in self.client.jobs.items() if job.finished_status is None]  # not yet ended
+        if by_user and (running or self.client.queue):
             names = {r["id"]: f"{r['id']} ({r['name']})" for r in self.runs_model.rows}
-            choice = ask_before_closing(self, [names.get(i, str(i)) for i in self.client.jobs],
+            choice = ask_before_closing(self, [names.get(i, str(i)) for i in running],
                                         [names.get(i, str(i)) for i in self.client.queue])
             if choice == CANCEL:
                 event.ignore()

@@ -31,7 +31,7 @@ NUMERIC = {"id", "epsilon", "delta", "epsilon_budget", "accuracy", "steps", "dur
 # The raw value a column sorts by (numbers as numbers, empty cells last in ascending order).
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1
 FILTERED_KEYS = ("name", "dataset", "mechanism", "status")
-STOP_REASONS = {"completed": "completed", "budget": "ε budget", "stopped": "user (Stop)"}
+STOP_REASONS = {"completed": "completed", "budget": "ε budget", "stopped": "stop request"}  # Stop, Ctrl-C, SIGTERM or the window closed
 STATUS_COLOURS = {"failed": "#d62728", "running": "#1f77b4", "queued": "#7f7f7f", "stopped": "#ff7f0e"}
 
 

@@ -334,7 +334,7 @@ def test_config_panel_shows_the_selected_runs_results_and_config(window):
     window.select_run(made["delta-mnist"])
     rows = dict(window.runs_panel.config.rows_text())
     assert rows["ε (publishable)"] == "9.5" and rows["δ"] == "1e-05" and rows["Accountant"] == "pld"
-    assert rows["Stopped by"] == "user (Stop)"
+    assert rows["Stopped by"] == "stop request"
     assert rows["dataset"] == "mnist" and rows["noise_multiplier"] == "1.0"
     assert window.runs_panel.config.run_id == made["delta-mnist"]
 
@@ -363,11 +363,12 @@ def test_closing_with_a_running_run_asks_and_cancel_keeps_the_window(window, qtb
     run_id = start(window, qtbot)
     qtbot.waitUntil(lambda: len(window.run_data[run_id].metrics.get("train_loss", ())) > 3, timeout=RUN_TIMEOUT_MS)
     seen = answer_close_dialog(qtbot, "Cancel")
-    assert not window.close()
+    window.act_quit.trigger()  # as a person quits (Ctrl+Q); the close button asks the same
     assert seen and "digits-close-cancel" in seen[0]
     assert window.isVisible() and window.client.is_active(run_id)
     seen = answer_close_dialog(qtbot, "Stop runs and close")
-    assert window.close()
+    window.act_quit.trigger()
+    assert not window.isVisible()
     assert Store(db_path).get_run(run_id)["status"] == "stopped"
 
 
@@ -379,7 +380,8 @@ def test_a_run_kept_running_after_closing_is_stopped_from_a_reopened_window(wind
     run_id = start(window, qtbot)
     qtbot.waitUntil(lambda: len(window.run_data[run_id].metrics.get("train_loss", ())) > 3, timeout=RUN_TIMEOUT_MS)
     answer_close_dialog(qtbot, "Keep running in background")
-    assert window.close()
+    window.act_quit.trigger()
+    assert not window.isVisible()
     store = Store(db_path)
     row = store.get_run(run_id)
     try:
