@@ -31,7 +31,8 @@ NUMERIC = {"id", "epsilon", "delta", "epsilon_budget", "accuracy", "steps", "dur
 # The raw value a column sorts by (numbers as numbers, empty cells last in ascending order).
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1
 FILTERED_KEYS = ("name", "dataset", "mechanism", "status")
-STOP_REASONS = {"completed": "completed", "budget": "ε budget", "stopped": "stop request"}  # Stop, Ctrl-C, SIGTERM or the window closed
+# "stopped": Stop in the window, Ctrl-C or SIGTERM to `dpw run`, or the window closed.
+STOP_REASONS = {"completed": "completed", "budget": "ε budget", "stopped": "stop request"}
 STATUS_COLOURS = {"failed": "#d62728", "running": "#1f77b4", "queued": "#7f7f7f", "stopped": "#ff7f0e"}
 
 
@@ -194,7 +195,8 @@ class RunsModel(QAbstractTableModel):
             if key in ("epsilon", "delta") and row.get("mechanism") in ("dpsgd", "pate"):
                 return epsilon_tooltip(row)
             if key == "epsilon_budget":
-                return "The ε budget the run stops at (its accountant's ε)." if value is not None else "No budget set."
+                return ("The ε budget the run stops at (its accountant's ε)." if value is not None
+                        else "No budget set.")
             if row.get("error"):
                 return f"{row['error']}" + (f"\n{row['error_hint']}" if row.get("error_hint") else "")
             return None

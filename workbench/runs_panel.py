@@ -47,7 +47,8 @@ def result_values(row: dict[str, Any]) -> list[tuple[str, str]]:
         "accountant": eps.accountant,
         "epsilon_budget": None if row.get("epsilon_budget") is None else f"{row['epsilon_budget']:g}",
         "accuracy": None if row.get("accuracy") is None else f"{row['accuracy']:.4f}",
-        "steps": None if row.get("steps_done") is None else f"{row['steps_done']:,} / {row.get('steps_planned') or '?'}",
+        "steps": None if row.get("steps_done") is None
+        else f"{row['steps_done']:,} / {row.get('steps_planned') or '?'}",
         "duration": format_duration(duration_seconds(row)) or None,
         "stop_reason": stop_reason_label(row) or None,
         "error": row.get("error"),

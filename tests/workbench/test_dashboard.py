@@ -103,7 +103,8 @@ def test_a_live_rdp_curve_over_the_budget_is_explained_when_pld_stays_under(dash
     data.privacy["pld"].y[:] = np.minimum(data.privacy["pld"].y, 2.9)
     dashboard.show_run(data)
     assert dashboard.eps_note.isVisible()
-    assert "pld" in dashboard.eps_note.textItem.toPlainText() and "not a breach" in dashboard.eps_note.textItem.toPlainText()
+    note = dashboard.eps_note.textItem.toPlainText()
+    assert "pld" in note and "not a breach" in note
     dashboard.show_run(dpsgd_run(run_id=3, budget=50.0))
     assert not dashboard.eps_note.isVisible()
 
