@@ -117,7 +117,8 @@ class Plot(pg.PlotWidget):
 
     def resizeEvent(self, event) -> None:  # noqa: N802
         super().resizeEvent(event)
-        self._fit_legend()
+        if not self.closed:  # close() deletes the scene's items, then resizes the view
+            self._fit_legend()
 
     def _fit_legend(self) -> None:
         """As many legend entries side by side as the width takes (a wider legend would widen the
@@ -263,7 +264,8 @@ class Plot(pg.PlotWidget):
         self.hover.show()
 
     def leaveEvent(self, event) -> None:  # noqa: N802
-        self.hover.hide()
+        if not self.closed:
+            self.hover.hide()
         super().leaveEvent(event)
 
     # ---- log axis, export -------------------------------------------------------------------------

@@ -178,3 +178,18 @@ def test_fit_to_data_shows_all_of_a_new_curve_not_the_old_view(qtbot):
     (x0, x1), _ = plot.getPlotItem().getViewBox().viewRange()
     assert x0 <= 1.5 and x1 >= 3.0
     assert plot.hover.scene() is plot.scene()  # the read-out survives clear()
+
+
+def test_closing_a_plot_with_a_legend_and_read_out_does_not_crash(qtbot):
+    """pyqtgraph's close() deletes the scene's items and then resizes the view; the legend fit must
+    not touch the deleted items (it crashed the process before)."""
+    from workbench.plots import Plot, set_curve
+
+    plot = Plot("Loss", "step", "loss")
+    plot.resize(600, 300)
+    plot.show()
+    set_curve(plot.curve("train loss", 1), np.arange(10.0), np.arange(10.0))
+    qtbot.wait(20)
+    plot.close()
+    qtbot.wait(20)
+    assert plot.closed
