@@ -483,6 +483,9 @@ class RunConfig:
                 "schema_version", f"{version!r} is not supported; this version reads {SCHEMA_VERSION}"
             )
         known = {f.name for f in dataclasses.fields(cls)}
+        if "space" in values and "base" in values:
+            raise ConfigError("config", "this file describes a tuning study (it has [base] and [space]), not a run",
+                              hint="run it with `dpw study FILE`")
         for key in values:
             if key not in known:
                 close = difflib.get_close_matches(key, known, n=1)

@@ -112,9 +112,18 @@ def test_every_field_has_a_spec_with_help_text():
             assert default in spec.choices, name
 
 
-@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
+RUN_EXAMPLES = sorted(p for p in EXAMPLES.glob("*.toml") if not p.name.startswith("study-"))
+
+
+@pytest.mark.parametrize("path", RUN_EXAMPLES, ids=lambda p: p.name)
 def test_every_example_config_is_valid(path):
     RunConfig.load_toml(path)
+
+
+def test_a_study_file_given_as_a_run_says_to_use_dpw_study():
+    with pytest.raises(ConfigError, match="tuning study") as caught:
+        RunConfig.load_toml(EXAMPLES / "study-digits.toml")
+    assert "dpw study" in caught.value.hint
 
 
 def test_fields_used_follow_the_mechanism_and_the_pate_aggregator():
