@@ -750,6 +750,7 @@ def privacy_calibrate(sample_rate: float, steps: int, epsilon: float | None, del
     """The smallest noise multiplier that meets a target (epsilon, delta), or a target attack TPR.
 
     Example: dpw privacy calibrate --sample-rate 0.004267 --steps 9375 --epsilon 3 --delta 1e-5 --json
+
     Example: dpw privacy calibrate --sample-rate 0.004267 --steps 9375 --attack-tpr 0.05 --at-fpr 0.01
     """
     from engine import privacy as priv
