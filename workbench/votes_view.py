@@ -50,7 +50,7 @@ class VotesView(QWidget):
         self.mean_curve = self.consensus_plot.curve(f"running mean ({ROLLING})", 0, width=2)
         self.marker = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen(colour(4), width=1))
         self.consensus_plot.addItem(self.marker, ignoreBounds=True)
-        self.eps_plot = Plot("ε after each query (data-dependent)", "query", "ε", legend=False)
+        self.eps_plot = Plot("ε after each query (data-dependent: a private diagnostic, not publishable)", "query", "ε", legend=False)
         self.eps_curve = self.eps_plot.curve(None, 4)
         grid.addWidget(self.consensus_plot, 0, 0)
         grid.addWidget(self.eps_plot, 1, 0)
@@ -144,4 +144,5 @@ class VotesView(QWidget):
         self.query_info.setText(
             f"Query {query_index}: {answered}{label}; true label {row.get('true_label')}; "
             f"top vote share {counts.max() / max(counts.sum(), 1):.2f}"
-            + (f"; ε after it {row['epsilon_after']:.4g} (+{cost:.2g})" if cost is not None else ""))
+            + (f"; data-dependent ε after it {row['epsilon_after']:.4g} (+{cost:.2g}; not publishable)"
+               if cost is not None else ""))

@@ -72,6 +72,10 @@ def test_votes_view_reads_histograms_from_the_store(pate_window_and_run, qtbot):
     assert list(view.bars.opts["height"]) == row["histogram"]
     assert "Query 5" in view.query_info.text()
     assert view.query.maximum() == 119
+    # the per-query epsilon is the data-dependent one: a private diagnostic, never shown as publishable
+    assert "not publishable" in view.eps_plot.getPlotItem().titleLabel.text
+    if row["epsilon_cost"] is not None:
+        assert "data-dependent ε" in view.query_info.text() and "not publishable" in view.query_info.text()
 
 
 def test_teacher_export_is_refused_with_the_engines_reason(pate_window_and_run, qtbot, tmp_path):
