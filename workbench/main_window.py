@@ -45,7 +45,8 @@ TOML_FILTER = "Run configs (*.toml)"
 class MainWindow(QMainWindow):
     def __init__(self, db_path: str | Path, *, probe: bool = True):
         super().__init__()
-        self.setWindowTitle(f"DP Workbench — {db_path}")
+        # The store's path; Qt adds the application display name ("— DP Workbench") itself.
+        self.setWindowTitle(str(db_path))
         if ICON_PATH.is_file():
             self.setWindowIcon(QIcon(str(ICON_PATH)))
         # The store is opened by a helper process, never by this one (workbench.store_client says

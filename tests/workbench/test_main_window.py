@@ -42,3 +42,9 @@ def test_a_first_start_offers_the_quick_example_ready_to_run(window):
     example = RunConfig.load_toml(first_config())
     assert window.form.valid, window.form.summary.text()
     assert window.form.config().config_hash() == example.config_hash()
+
+
+def test_the_window_title_names_the_store_and_the_application_once(window, db_path):
+    # Qt appends the application display name to the title it shows; the window adds only the store.
+    assert window.windowTitle() == str(db_path)
+    assert "DP Workbench" not in window.windowTitle()
