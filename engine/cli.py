@@ -102,11 +102,7 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
     """
     from engine.config import RunConfig
 
-    try:
-        config = RunConfig.load_toml(config_file)
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{config_file}: is not UTF-8 text (byte {exc.object[exc.start]:#04x} at position "
-                        f"{exc.start}) — save the config file as UTF-8") from None
+    config = RunConfig.load_toml(config_file)
     changes: dict[str, Any] = {}
     if data_dir is not None:
         changes["data_dir"] = str(data_dir.resolve())

@@ -510,16 +510,7 @@ class RunConfig:
 
     @classmethod
     def load_toml(cls, path: str | Path) -> "RunConfig":
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError("config", f"cannot read {path}: {exc.strerror}") from None
-        try:
-            values = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("config", f"{path} is not valid TOML: {exc}") from None
-        return cls.from_dict(values)
+        return cls.from_dict(read_toml(path, "config"))
 
     def config_hash(self) -> str:
         """Stable hash of everything that determines the run's result (not its name)."""
@@ -582,6 +573,23 @@ class RunConfig:
     def steps_for(self, num_train: int) -> int:
         """Number of steps: epochs × N / expected batch size, rounded up."""
         return math.ceil(self.epochs * num_train / self.expected_batch_size)
+
+
+def read_toml(path: str | Path, field: str) -> dict[str, Any]:
+    """The values of a TOML file (a run config or a study); any failure is one ConfigError naming
+    `field` and the file: unreadable, not UTF-8, or not valid TOML."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(field, f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(field, f"{path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at position "
+                          f"{exc.start})", hint="save the file as UTF-8") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(field, f"{path} is not valid TOML: {exc}") from None
 
 
 def config_fields() -> list[tuple[str, Any, FieldSpec]]:

@@ -93,20 +93,17 @@ class PreparedRun:
         summary["per_class_accuracy"] = per_class_accuracy(
             trainer.predict(self.model, self.data.x_test.to(self.device)).cpu(), self.data.y_test, self.data.class_names
         )
-        try:
-            save_model_artifact(self.model, model_name=self.model_name, data=self.data, config=self.config,
-                                out_dir=out_dir, emit=emit)
-        except ModelSaveError as exc:
-            exc.summary = summary  # the results stay with the run
-            raise
+        save_model_artifact(self.model, model_name=self.model_name, data=self.data, config=self.config,
+                            out_dir=out_dir, emit=emit, summary=summary)
         return summary
 
 
 def save_model_artifact(model: nn.Module, *, model_name: str, data: Dataset, config: RunConfig, out_dir: Path,
-                        emit: Emit) -> Path:
+                        emit: Emit, summary: dict[str, Any] | None = None) -> Path:
     """Save the released model with what it needs to be rebuilt and used (architecture, input shape,
     normalization, class names, config) as `model.pt`, and announce it as an `artifact` event.
-    Raises ModelSaveError naming the path when it cannot be written (a file in the way, full disk)."""
+    Raises ModelSaveError naming the path when it cannot be written (a file in the way, full disk); it
+    carries the run's `summary`, so the results stay with the run."""
     path = out_dir / "model.pt"
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -126,9 +123,11 @@ def save_model_artifact(model: nn.Module, *, model_name: str, data: Dataset, con
         with contextlib.suppress(OSError):
             path.unlink()
         reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
-        raise ModelSaveError(f"the trained model could not be saved to {path}: {reason}",
+        error = ModelSaveError(f"the trained model could not be saved to {path}: {reason}",
                              hint="the run's results and the privacy it spent are kept; make that folder "
-                             "writable (or move what is in the way) and train again to get the model") from None
+                             "writable (or move what is in the way) and train again to get the model")
+        error.summary = summary
+        raise error from None
     from engine.runner import sha256_of
 
     emit("artifact", kind="model", path=str(path), sha256=sha256_of(path))

@@ -22,12 +22,11 @@ import dataclasses
 import difflib
 import itertools
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.config import RunConfig
+from engine.config import RunConfig, read_toml
 from engine.errors import ConfigError
 
 MODES = ("private", "composition", "exploratory")
@@ -94,18 +93,7 @@ class StudyConfig:
     # ---- reading ------------------------------------------------------------------------------
     @classmethod
     def load_toml(cls, path: str | Path) -> "StudyConfig":
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError("study", f"cannot read {path}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise ConfigError("study", f"{path} is not UTF-8 text", hint="save the study file as UTF-8") from None
-        try:
-            values = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("study", f"{path} is not valid TOML: {exc}") from None
-        return cls.from_dict(values)
+        return cls.from_dict(read_toml(path, "study"))
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "StudyConfig":

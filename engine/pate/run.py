@@ -39,7 +39,7 @@ from torch import nn
 from engine.config import RunConfig
 from engine.datasets import Dataset
 from engine.dpsgd.trainer import resolve_device
-from engine.errors import ConfigError, DataError, ModelSaveError
+from engine.errors import ConfigError, DataError
 from engine.models import build_model, default_model_for
 from engine.pate import aggregation
 from engine.pate.shards import partition
@@ -437,12 +437,8 @@ class PreparedPATERun:
 
         summary["per_class_accuracy"] = per_class_accuracy(
             predict(self.model, self.x_holdout.to(self.device)).cpu(), self.y_holdout, self.data.class_names)
-        try:
-            save_model_artifact(self.model, model_name=self.model_name, data=self.data, config=self.config,
-                                out_dir=out_dir, emit=emit)
-        except ModelSaveError as exc:
-            exc.summary = summary  # the results stay with the run
-            raise
+        save_model_artifact(self.model, model_name=self.model_name, data=self.data, config=self.config,
+                            out_dir=out_dir, emit=emit, summary=summary)
         return summary
 
 

@@ -136,3 +136,11 @@ def test_fields_used_follow_the_mechanism_and_the_pate_aggregator():
     confident = fields_used("pate", "confident")
     assert {"threshold", "sigma1", "sigma2"} <= set(confident) and "laplace_scale" not in confident
     assert "seed" in dpsgd and "seed" in confident  # fields of every mechanism
+
+
+def test_a_config_that_is_not_utf8_is_one_error_naming_the_file(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('name = "café"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.toml is not UTF-8 text \(byte 0xe9") as caught:
+        RunConfig.load_toml(path)
+    assert "UTF-8" in caught.value.hint
