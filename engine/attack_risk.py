@@ -155,7 +155,7 @@ def _pate_profile(run: dict[str, Any]):
     return risk.rdp_privacy_profile(orders=orders, rdp=curve), BASIS_PATE_DI
 
 
-def _up(x: float, digits: int = 2) -> str:
+def round_up(x: float, digits: int = 2) -> str:
     """x to `digits` significant digits, rounded up (a bound is never shown smaller than it is)."""
     import math
 
@@ -166,9 +166,9 @@ def _up(x: float, digits: int = 2) -> str:
     return f"{up:.{max(decimals, 0)}f}"
 
 
-def percent_up(x: float) -> str:
+def percent_up(x: float, digits: int = 2) -> str:
     """A probability bound as a percentage, rounded up: 0.0412 -> "4.2%", capped at "100%"."""
-    return "100%" if x >= 1.0 else (f"{_up(100 * x)}%" if x > 0 else "0%")
+    return "100%" if x >= 1.0 else (f"{round_up(100 * x, digits)}%" if x > 0 else "0%")
 
 
 def attacker_statements(figures) -> list[str]:

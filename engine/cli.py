@@ -718,17 +718,18 @@ def _percent(x: float) -> str:
     return f"{100 * x:g}%"
 
 
-def _up(x: float, digits: int = 3) -> str:
-    """x to `digits` significant digits, rounded up (a bound must not be shown smaller than it is)."""
-    if not math.isfinite(x) or x <= 0:
-        return f"{x:g}"
-    decimals = digits - 1 - math.floor(math.log10(x))
-    up = math.ceil(x * 10.0**decimals * (1 - 1e-9)) / 10.0**decimals  # ignore ulp-level safety margins
-    return f"{up:.{max(decimals, 0)}f}"
+def _up(x: float) -> str:
+    """A bound to 3 significant digits, rounded up (engine.attack_risk.round_up)."""
+    from engine.attack_risk import round_up
+
+    return round_up(x, 3)
 
 
 def _percent_up(x: float) -> str:
-    return f"{_up(100 * x)}%" if x > 0 else "0%"
+    """A probability bound as a percentage to 3 significant digits, rounded up."""
+    from engine.attack_risk import percent_up
+
+    return percent_up(x, 3)
 
 
 @privacy.command("calibrate")

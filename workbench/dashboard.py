@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pyqtgraph as pg
@@ -23,6 +22,7 @@ from engine.report import budget_on_private_votes
 from workbench.plots import Plot, accountant_colour, set_curve
 from workbench.progress import progress, seconds_left
 from workbench.run_data import RunData
+from workbench.runs_model import format_duration
 
 # Events are batched between frames, never drawn one by one. Each tick redraws one plot whose run
 # changed: 30 Hz over the three DP-SGD plots is 10 Hz each, and a frame never repaints them all.
@@ -40,14 +40,9 @@ PHASES = {
 
 
 def format_seconds(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return ""
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds} s left"
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60:02d} s left"
-    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min left"
+    """Time left in words ("4 min 05 s left"); empty when unknown."""
+    text = format_duration(seconds)
+    return f"{text} left" if text else ""
 
 
 class MessagePanel(QFrame):

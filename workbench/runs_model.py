@@ -67,7 +67,8 @@ def duration_seconds(row: dict[str, Any], now: dt.datetime | None = None) -> flo
 
 
 def format_duration(seconds: float | None) -> str:
-    if seconds is None:
+    """Seconds in words ("4 min 05 s"); empty when unknown."""
+    if seconds is None or not math.isfinite(seconds):
         return ""
     seconds = int(round(seconds))
     if seconds < 60:

@@ -77,6 +77,17 @@ def orders(value) -> np.ndarray:
     return a
 
 
+def rdp_curve(orders_value, rdp_value) -> tuple[np.ndarray, np.ndarray]:
+    """An RDP curve: valid `orders` and one Renyi divergence (>= 0) per order, as float arrays."""
+    alphas = orders(orders_value)
+    values = np.atleast_1d(np.asarray(rdp_value, dtype=float))
+    if values.shape != alphas.shape:
+        raise ValueError(f"rdp must have one value per order: got {values.size} values for {alphas.size} orders")
+    if np.isnan(values).any() or (values < 0).any():
+        raise ValueError("rdp values must be >= 0 (Renyi divergences); got a negative or NaN value")
+    return alphas, values
+
+
 def _real(name: str, value, allowed: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number {allowed}; got {value!r}")

@@ -120,15 +120,8 @@ def rdp_to_epsilon(*, orders, rdp, delta: float) -> Epsilon:
     TV <= sqrt(1 - exp(-KL)) <= delta [BH79] (KL <= D_alpha for alpha > 1). Returns the minimum
     over orders, clamped at 0, with the order that attains it.
     """
-    alphas = _validate.orders(orders)
-    values = np.atleast_1d(np.asarray(rdp, dtype=float))
+    alphas, values = _validate.rdp_curve(orders, rdp)
     d = _validate.delta(delta)
-    if values.shape != alphas.shape:
-        raise ValueError(
-            f"rdp must have one value per order: got {values.size} values for {alphas.size} orders"
-        )
-    if np.isnan(values).any() or (values < 0).any():
-        raise ValueError("rdp values must be >= 0 (Renyi divergences); got a negative or NaN value")
     eps = _epsilon_per_order(alphas, values, d)
     best = int(np.argmin(eps))
     value = float(eps[best])

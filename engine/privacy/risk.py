@@ -223,12 +223,7 @@ def rdp_privacy_profile(*, orders, rdp, epsilons=None) -> PrivacyProfile:
     sqrt(1 - e^-min rdp) [Bretagnolle & Huber 1979] and by 1. RDP bounds both orders of
     the neighbours, so the profile does. Default epsilons: 0 to 60 in 6,001 steps of 0.01.
     """
-    alphas = _validate.orders(orders)
-    values = np.atleast_1d(np.asarray(rdp, dtype=float))
-    if values.shape != alphas.shape:
-        raise ValueError(f"rdp must have one value per order: got {values.size} values for {alphas.size} orders")
-    if np.isnan(values).any() or (values < 0).any():
-        raise ValueError("rdp values must be >= 0 (Renyi divergences); got a negative or NaN value")
+    alphas, values = _validate.rdp_curve(orders, rdp)
     eps = np.linspace(0.0, 60.0, 6001) if epsilons is None else np.asarray(epsilons, dtype=float)
     log_delta = (alphas - 1.0) * (values - eps[:, None] + np.log1p(-1.0 / alphas)) - np.log(alphas)
     best = np.min(log_delta, axis=1)

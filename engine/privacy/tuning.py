@@ -159,12 +159,7 @@ def repeat_and_select_rdp(
     takes the best bound at any order >= it. mean_runs = 1 with a finite shape means K = 1: the
     candidate's own curve. `pure_epsilon`: the candidate is also pure eps-DP (optional).
     """
-    alphas = _validate.orders(orders)
-    values = np.atleast_1d(np.asarray(rdp, dtype=float))
-    if values.shape != alphas.shape:
-        raise ValueError(f"rdp must have one value per order: got {values.size} values for {alphas.size} orders")
-    if np.isnan(values).any() or (values < 0).any():
-        raise ValueError("rdp values must be >= 0 (Renyi divergences); got a negative or NaN value")
+    alphas, values = _validate.rdp_curve(orders, rdp)
     mu = _mean_runs(mean_runs)
     eta = _shape(shape)
     pure = None if pure_epsilon is None else _validate.epsilon(pure_epsilon, "pure_epsilon")
