@@ -454,11 +454,12 @@ class Store:
         still work, and the next reader with room reconciles."""
         host = socket.gethostname()
         lost = []
-        rows = self.db.conn.execute("select id, status, pid, host from runs where status in ('queued', 'running')")
-        for run_id, status, pid, run_host in rows.fetchall():
+        rows = self.db.conn.execute(
+            "select id, status, pid, host, started from runs where status in ('queued', 'running')")
+        for run_id, status, pid, run_host, started in rows.fetchall():
             if run_host not in (None, host):
                 continue  # another machine's run: its process cannot be seen from here
-            if pid is None or not _pid_alive(pid):
+            if pid is None or not _pid_alive(pid) or _pid_reused(pid, started if status == "running" else None):
                 lost.append((run_id, status, pid))
         if not lost or not self.writable:
             return []
@@ -615,6 +616,24 @@ def _decode_run(row: dict[str, Any]) -> dict[str, Any]:
         if row.get(key):
             row[key] = loads(row[key])
     return row
+
+
+def _pid_reused(pid: int, started: str | None) -> bool:
+    """True when the process now holding `pid` began after the run started: the runner is gone and the
+    system gave its pid to another process (a run would otherwise look `running` for ever). A runner
+    marks its run running from inside itself, so its own process always began before `started`."""
+    if not started:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            ticks = int(f.read().split(") ", 1)[1].split()[19])
+        with open("/proc/stat", encoding="ascii") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        began = boot + ticks / os.sysconf("SC_CLK_TCK")
+        run_started = _dt.datetime.fromisoformat(started).timestamp()
+    except (OSError, ValueError, IndexError, StopIteration):
+        return False  # no /proc (not Linux) or an unreadable time: fall back to liveness alone
+    return began > run_started + 2.0  # btime is whole seconds; allow for it and clock ticks
 
 
 def _pid_alive(pid: int) -> bool:

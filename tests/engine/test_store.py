@@ -403,3 +403,18 @@ def test_a_read_only_store_of_an_older_schema_is_read_as_it_is(tmp_path):
     reader = Store(path, readonly=True)
     assert [r["name"] for r in reader.list_runs()] == ["older"] and reader.get_run(run_id)["name"] == "older"
     assert reader.schema_version == 2 and _sha(path) == before
+
+
+def test_running_run_whose_pid_now_belongs_to_a_newer_process_is_marked_failed(store):
+    """A runner that died long ago leaves its pid to be reused; the live process holding it began after
+    the run started, so the run is not left `running` for ever."""
+    run_id = store.create_run(RunConfig(name="reused", noise_multiplier=1.0))
+    newer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        store.update_run(run_id, status="running", pid=newer.pid, host=__import__("socket").gethostname(),
+                         started="2020-01-01T00:00:00.000+00:00")
+        assert store.reconcile_orphans() == [run_id]
+        assert store.get_run(run_id)["status"] == "failed"
+    finally:
+        newer.kill()
+        newer.wait()
