@@ -137,6 +137,16 @@ def model_card(trained: TrainedModel, files: dict[str, str], plan: dict[str, Any
 EXPORT_FILES = ("model.safetensors", "model.pt2", "model.onnx", "model_card.json")
 
 
+def _without_source_paths(program: "torch.export.ExportedProgram") -> "torch.export.ExportedProgram":
+    """Drop the stack traces torch.export records on every node: they hold this machine's file paths
+    (install folder, user name), which must not travel with a model handed to someone else."""
+    for module in program.graph_module.modules():
+        graph = getattr(module, "graph", None)
+        for node in graph.nodes if graph is not None else ():
+            node.meta.pop("stack_trace", None)
+    return program
+
+
 def export_run(store: Store, run_ref: str | int, out_dir: str | Path, *, kind: str = "model",
                force: bool = False) -> dict[str, str]:
     """Write model.safetensors, model.pt2, model.onnx and model_card.json; returns {file: sha256}.
@@ -160,7 +170,7 @@ def export_run(store: Store, run_ref: str | int, out_dir: str | Path, *, kind: s
 
     batch = torch.export.Dim("batch", min=1)
     program = torch.export.export(wrapped, (example,), dynamic_shapes={"x": {0: batch}})
-    torch.export.save(program, str(out / "model.pt2"))
+    torch.export.save(_without_source_paths(program), str(out / "model.pt2"))
     files["model.pt2"] = sha256_of(out / "model.pt2")
 
     try:
