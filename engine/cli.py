@@ -441,15 +441,24 @@ def show_risk(run_row: dict[str, Any], *, as_json: bool) -> None:
         click.echo(f"  no bound         {result.reason}")
         return
     figures = result.risk
-    click.echo(f"  from             {result.basis}")
-    click.echo(f"  epsilon          {_up(figures.epsilon)} at delta {figures.delta:g} (publishable: "
-               f"{result.publishable_epsilon:.4g}); every figure below is an upper bound")
-    click.echo(f"  max advantage    {_percent_up(figures.max_advantage)} (TPR - FPR)")
-    for fpr, tpr in figures.tpr_at_fpr.items():
-        click.echo(f"  TPR at FPR {_percent(fpr):<5} {_percent_up(tpr)}")
-    for prior, post in figures.posterior.items():
-        click.echo(f"  posterior, prior {_percent(prior):<4} {_percent_up(post)} (except with probability "
-                   f"{figures.delta:g})")
+    click.echo(f"  {'from':<{_RISK_LABEL}} {result.basis}")
+    _echo_risk_rows(figures, f"(publishable: {result.publishable_epsilon:.4g}); every figure below is an upper bound")
+
+
+_RISK_LABEL = 24
+"""Width of the label column in `dpw show --risk` and `dpw privacy risk`: one table layout for both."""
+
+
+def _echo_risk_rows(figures: Any, epsilon_note: str) -> None:
+    """The attack-risk rows (engine.privacy.risk figures) shared by `dpw show --risk` and `dpw privacy risk`."""
+    rows = [("epsilon", f"{_up(figures.epsilon)} at delta {figures.delta:g} {epsilon_note}"),
+            ("max advantage (TPR-FPR)", _percent_up(figures.max_advantage))]
+    rows += [(f"TPR at FPR {_percent(fpr)}", _percent_up(tpr)) for fpr, tpr in figures.tpr_at_fpr.items()]
+    rows += [(f"posterior, prior {_percent(prior)}",
+              f"{_percent_up(post)}  (except with probability {figures.delta:g})")
+             for prior, post in figures.posterior.items()]
+    for label, value in rows:
+        click.echo(f"  {label:<{_RISK_LABEL}} {value}")
 
 
 @cli.command()
@@ -706,12 +715,7 @@ def privacy_risk(sample_rate: float, noise_multiplier: float, steps: int, delta:
         return
     click.echo(f"Best membership attack against DP-SGD (sample rate {sample_rate:g}, noise multiplier "
                f"{noise_multiplier:g}, {steps} steps); every figure is an upper bound")
-    click.echo(f"  epsilon                   {_up(result.epsilon)} at delta {delta:g} (pld)")
-    click.echo(f"  max advantage (TPR-FPR)   {_percent_up(result.max_advantage)}")
-    for fpr, tpr in result.tpr_at_fpr.items():
-        click.echo(f"  TPR at FPR {_percent(fpr):<14} {_percent_up(tpr)}")
-    for prior, post in result.posterior.items():
-        click.echo(f"  posterior, prior {_percent(prior):<8} {_percent_up(post)}  (except with probability {delta:g})")
+    _echo_risk_rows(result, "(pld)")
 
 
 def _percent(x: float) -> str:
