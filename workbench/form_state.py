@@ -12,6 +12,7 @@ from typing import Any
 
 from engine.config import RunConfig, check_field, collect_errors, config_fields, fields_used
 from engine.errors import ConfigError
+from engine.settings_in_effect import settings_in_effect
 
 # Training/test split sizes of the registered datasets, for the live cost preview before any data
 # is loaded (the engine's registry states them only in its descriptions). Built-in tables have no
@@ -132,7 +133,9 @@ class FormState:
         return self.texts.get("mechanism", "dpsgd").strip() or "dpsgd"
 
     def visible(self) -> list[str]:
-        return visible_fields(self.mechanism, self.texts.get("aggregator", "").strip())
+        """The fields this config reads (engine.settings_in_effect): the mechanism's, and of those
+        only the ones the chosen optimizer, aggregator and dataset use."""
+        return settings_in_effect(self.texts)
 
     # ---- derived -------------------------------------------------------------------------------
     def values(self) -> dict[str, Any]:
@@ -155,23 +158,50 @@ class FormState:
         return errors
 
     def errors(self, size: DataSize | None = None) -> dict[str, ConfigError]:
-        """Every problem, keyed by the field it is shown at: field rules, then rules across fields,
-        then (when the data size is known) the rules that need the dataset."""
+        """Every problem at once, keyed by the field it is shown at: each field's own rule, the rules
+        across fields, the model's fit and (when the data size is known) the rules that need the
+        dataset, such as delta < 1/N. A field whose text is invalid takes its default for the rules
+        that involve it, so its own error does not hide another field's."""
         errors = self.field_errors()
-        if errors:
-            return errors
         values = self.values()
+        defaults_ = defaults()
+        for name in errors:
+            values[name] = defaults_[name]
         for error in collect_errors(values):
             errors.setdefault(error.field, error)
-        if errors:
-            return errors
-        errors.update(self.model_errors(values))
-        if size is not None and not errors:
-            try:
-                RunConfig.from_dict(values).check_against_dataset(size.num_train, size.num_test)
-            except ConfigError as error:
-                errors[error.field] = error
+        for name, error in self.model_errors(values).items():
+            errors.setdefault(name, error)
+        if size is not None:
+            for error in self._dataset_errors(values, size):
+                errors.setdefault(error.field, error)
         return errors
+
+    @staticmethod
+    def _dataset_errors(values: dict[str, Any], size: DataSize) -> list[ConfigError]:
+        """The rules that need the data size (`RunConfig.check_against_dataset` stops at the first:
+        ask again with that field at its default until none is left)."""
+        found: list[ConfigError] = []
+        values = dict(values)
+        defaults_ = defaults()
+        for _ in range(2 * len(values)):
+            try:
+                config = RunConfig.from_dict(values)
+            except ConfigError as error:  # a field's own or a cross-field rule: shown already
+                if values.get(error.field) == defaults_.get(error.field):
+                    return found
+                values[error.field] = defaults_.get(error.field)
+                continue
+            try:
+                config.check_against_dataset(size.num_train, size.num_test)
+                return found
+            except ConfigError as error:
+                if any(e.field == error.field for e in found):
+                    return found
+                found.append(error)
+                if values.get(error.field) == defaults_.get(error.field):
+                    return found
+                values[error.field] = defaults_.get(error.field)
+        return found
 
     def model_errors(self, values: dict[str, Any]) -> dict[str, ConfigError]:
         """A chosen model that does not fit the registered dataset's inputs (the engine would refuse

@@ -116,7 +116,7 @@ def _pate(config: RunConfig, size: DataSize) -> str:
     keys = ("aggregator", "num_queries", "gnmax_sigma", "sigma1", "sigma2", "laplace_scale")
     tpr = _pate_tpr_at_1_percent(tuple((k, getattr(config, k)) for k in keys))
     return (f"Data-independent bound if all {config.num_queries:,} queries were answered: ε ≤ {value} at "
-            f"δ = {config.delta:g}; the data-dependent ε (reported) is usually much smaller.\n"
+            f"δ = {config.delta:g}; the released ε (smooth sensitivity) is usually much smaller.\n"
             f"{config.num_teachers:,} teachers of about {shard:,} examples each.\n"
             + attacker_line(config, tpr).removesuffix(".")
             + ("." if config.reproducible_noise else " (if every query were answered)."))
@@ -140,9 +140,10 @@ class _Job(QRunnable):
 
 
 class CostPreview(QObject):
-    """Debounced estimates; `ready(text)` carries the newest one."""
+    """Debounced estimates; `ready(text, is_estimate)` carries the newest one (is_estimate False: the
+    text says why there is none)."""
 
-    ready = Signal(str)
+    ready = Signal(str, bool)
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
@@ -164,7 +165,7 @@ class CostPreview(QObject):
         if config is None or size is None:
             self._timer.stop()
             self._pending = None
-            self.ready.emit(reason)
+            self.ready.emit(reason, False)
             return
         self._pending = (config, size)
         self._timer.start()
@@ -184,4 +185,4 @@ class CostPreview(QObject):
         self.busy = False
         self._jobs = [job for job in self._jobs if job.generation > generation]
         if generation == self._generation:
-            self.ready.emit(text)
+            self.ready.emit(text, True)

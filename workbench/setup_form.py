@@ -1,8 +1,10 @@
 """The setup panel: a form generated from `engine.config.config_fields()`.
 
-One widget per field, grouped by `FieldSpec.group`, showing only the chosen mechanism's
-fields; each field says what is wrong with it where it is, and Start stays disabled until
-the whole config is valid. A live preview states the privacy cost of the settings.
+One widget per field, grouped by `FieldSpec.group`, showing only the fields the run will read
+(engine.settings_in_effect). Every invalid field is marked at once (red frame, a mark beside it)
+and every problem is listed in a fixed-height panel under the form, so nothing moves while the
+user types; Start stays disabled until the whole config is valid. A live preview, also of fixed
+height, states the privacy cost of the settings.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QListWidget,
+    QListWidgetItem,
     QPushButton,
     QScrollArea,
     QSizePolicy,
@@ -35,15 +39,29 @@ from workbench.form_state import GROUP_TITLES, FormState
 from workbench.preview import CostPreview
 
 ERROR_COLOUR = "#d62728"
-INVALID_STYLE = f"border: 2px solid {ERROR_COLOUR}; border-radius: 3px;"
+INVALID_MARK = "\u26a0"  # a warning sign beside an invalid field: marked without colour alone
+PREVIEW_LINES = 6  # the preview's fixed height, in lines (longer text scrolls inside it)
+PROBLEM_ROWS = 4  # the problems panel's fixed height, in rows (more scroll inside it)
+NO_PROBLEMS = "Every setting is valid."
 DATA_FILE_FILTER = "Data files (*.csv *.npz);;CSV tables (*.csv);;NumPy arrays (*.npz)"
 
 
-class _Field:
-    """One row: the input widget, its error label and the row's container."""
+def _frame_style(name: str, *, invalid: bool) -> str:
+    """The holder's border: the same width either way, red only when the field is invalid."""
+    return (f"QFrame#frame_{name} {{ border: 2px solid {ERROR_COLOUR if invalid else 'transparent'}; "
+            "border-radius: 3px; }")
 
-    def __init__(self, name: str, spec: Any, widget: QWidget, editor: QWidget, error: QLabel, label: QLabel):
-        self.name, self.spec, self.widget, self.editor, self.error, self.label = name, spec, widget, editor, error, label
+
+class _Field:
+    """One row: the input widget, its invalid mark (a label of fixed width, blank while valid), its
+    unit, label and the row's container; `message` is what is wrong with it ('' while valid)."""
+
+    def __init__(self, name: str, spec: Any, widget: QWidget, editor: QWidget, mark: QLabel, label: QLabel,
+                 unit: QLabel | None):
+        self.name, self.spec, self.widget, self.editor, self.mark, self.label = name, spec, widget, editor, mark, label
+        self.unit = unit
+        self.frame: QFrame | None = None  # draws the red border of an invalid field
+        self.message = ""
 
     def text(self) -> str:
         w = self.editor
@@ -82,6 +100,8 @@ class SetupForm(QWidget):
         self.groups: dict[str, tuple[QGroupBox, QFormLayout]] = {}
         self.errors: dict[str, ConfigError] = {}
         self.valid = False
+        self._showing_estimate = False  # the preview shows an estimate (not a reason why there is none)
+        self._shown: set[str] = set()  # the fields shown now
         self.preview = CostPreview(self)
         self.preview.ready.connect(self._show_preview)
 
@@ -108,23 +128,24 @@ class SetupForm(QWidget):
                 layout.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
                 self.groups[spec.group] = (box, layout)
                 placement.get(spec.group, left).addWidget(box)
-                if spec.group == "privacy":
-                    self.preview_label = QLabel("")
-                    self.preview_label.setWordWrap(True)
-                    self.preview_label.setObjectName("costPreview")
-                    self.preview_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-                    self.preview_label.setFrameShape(QFrame.Shape.StyledPanel)
-                    self.preview_label.setMargin(6)
             self._add_field(name, spec)
-        self.groups["privacy"][1].addRow(self.preview_label)
+        self.groups["privacy"][1].addRow(self._build_preview())
         left.addStretch(1)
         right.addStretch(1)
 
+        # Messages live under the form at a fixed height: a new or longer one never moves a field.
+        self.problems = QListWidget()
+        self.problems.setObjectName("problems")
+        self.problems.setWordWrap(True)
+        self.problems.setFixedHeight(self._rows_height(self.problems, PROBLEM_ROWS))
+        self.problems.itemClicked.connect(self._focus_problem)
+        self.problems.setToolTip("Every setting that stops the run from starting; click one to go to its field.")
+        outer.addWidget(self.problems)
         footer = QHBoxLayout()
         self.summary = QLabel("")
-        self.summary.setWordWrap(True)
+        self.summary.setObjectName("summary")
         self.summary.setStyleSheet(f"color: {ERROR_COLOUR};")
-        self.summary.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        self.summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
         self.start_button = QPushButton("Start run")
         self.start_button.setDefault(True)
         self.start_button.clicked.connect(self.request_start)
@@ -133,6 +154,28 @@ class SetupForm(QWidget):
         outer.addLayout(footer)
         self._load_state_into_widgets()
         self.revalidate()
+
+    def _build_preview(self) -> QWidget:
+        """The cost preview: a label in a frame of fixed height (PREVIEW_LINES lines; a longer text
+        scrolls inside), so its changing text never moves the fields below it."""
+        self.preview_label = QLabel("")
+        self.preview_label.setWordWrap(True)
+        self.preview_label.setObjectName("costPreview")
+        self.preview_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.preview_label.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
+        self.preview_label.setMargin(6)
+        frame = QScrollArea()
+        frame.setObjectName("costPreviewFrame")
+        frame.setWidgetResizable(True)
+        frame.setFrameShape(QFrame.Shape.StyledPanel)
+        frame.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        frame.setWidget(self.preview_label)
+        frame.setFixedHeight(PREVIEW_LINES * self.fontMetrics().lineSpacing() + 2 * 6 + 4)
+        return frame
+
+    @staticmethod
+    def _rows_height(view: QListWidget, rows: int) -> int:
+        return rows * (view.fontMetrics().lineSpacing() + 4) + 2 * view.frameWidth() + 4
 
     # ---- building ------------------------------------------------------------------------------
     def _add_field(self, name: str, spec: Any) -> None:
@@ -166,7 +209,15 @@ class SetupForm(QWidget):
             editor.textChanged.connect(lambda _=None, n=name: self._edited(n))
         editor.setObjectName(f"field_{name}")
         editor.setToolTip(self._tooltip(spec))
-        line.addWidget(editor, 1)
+        # The red frame of an invalid field is drawn by a holder whose border is always 2 px (clear
+        # while valid): marking a field never changes its size, so nothing below it moves.
+        holder = QFrame()
+        holder.setObjectName(f"frame_{name}")
+        holder.setStyleSheet(_frame_style(name, invalid=False))
+        holder_layout = QHBoxLayout(holder)
+        holder_layout.setContentsMargins(0, 0, 0, 0)
+        holder_layout.addWidget(editor)
+        line.addWidget(holder, 1)
         if name == "dataset":
             browse = QPushButton("File…")
             browse.setToolTip("Choose a .csv or .npz file")
@@ -176,23 +227,28 @@ class SetupForm(QWidget):
             browse = QPushButton("Folder…")
             browse.clicked.connect(self._choose_data_dir)
             line.addWidget(browse)
+        unit = None
         if spec.unit and spec.kind is not bool:
             unit = QLabel(spec.unit)
-            unit.setEnabled(False)
-            unit.setMinimumWidth(unit.sizeHint().width())
+            unit.setObjectName(f"unit_{name}")
+            # Wide enough for the glyphs' ink (an italic ε overhangs its advance) and never squeezed.
+            metrics = unit.fontMetrics()
+            ink = max(metrics.horizontalAdvance(spec.unit), metrics.boundingRect(spec.unit).width())
+            unit.setMinimumWidth(max(unit.sizeHint().width(), ink + 4))
+            unit.setSizePolicy(QSizePolicy.Policy.Minimum, QSizePolicy.Policy.Preferred)
             line.addWidget(unit)
+        mark = QLabel("")
+        mark.setObjectName(f"mark_{name}")
+        mark.setStyleSheet(f"color: {ERROR_COLOUR}; font-weight: bold;")
+        mark.setFixedWidth(mark.fontMetrics().horizontalAdvance(INVALID_MARK) + 6)
+        line.addWidget(mark)
         row_layout.addLayout(line)
-        error = QLabel("")
-        error.setObjectName(f"error_{name}")
-        error.setWordWrap(True)
-        error.setStyleSheet(f"color: {ERROR_COLOUR};")
-        error.hide()
-        row_layout.addWidget(error)
         label = QLabel(spec.label)
         label.setToolTip(spec.help)
         label.setBuddy(editor)
         layout.addRow(label, row)
-        self.fields[name] = _Field(name, spec, row, editor, error, label)
+        self.fields[name] = _Field(name, spec, row, editor, mark, label, unit)
+        self.fields[name].frame = holder
 
     @staticmethod
     def _tooltip(spec: Any) -> str:
@@ -243,12 +299,14 @@ class SetupForm(QWidget):
     # ---- validation ----------------------------------------------------------------------------
     def _edited(self, name: str) -> None:
         self.state.set_text(name, self.fields[name].text())
-        if name in ("mechanism", "aggregator"):
+        if set(self.state.visible()) != self._shown:
             self._apply_mechanism()
         self.revalidate()
 
     def _apply_mechanism(self) -> None:
+        """Show the fields the run will read (mechanism, aggregator, optimizer and dataset decide)."""
         visible = set(self.state.visible())
+        self._shown = visible
         for name, f in self.fields.items():
             _, layout = self.groups[f.spec.group]
             layout.setRowVisible(f.widget, name in visible)
@@ -261,40 +319,79 @@ class SetupForm(QWidget):
         for name, f in self.fields.items():
             error = self.errors.get(name)
             invalid = error is not None
-            f.editor.setProperty("invalid", invalid)
-            f.editor.setStyleSheet(INVALID_STYLE if invalid else "")
-            if invalid:
-                text = error.message + (f" — {error.hint}" if error.hint else "")
-                f.error.setText(text)
-                f.editor.setToolTip(text + "\n\n" + self._tooltip(f.spec))
-            else:
-                f.editor.setToolTip(self._tooltip(f.spec))
-            f.error.setVisible(invalid)
-        hidden = [n for n in self.errors if n not in self.fields]
+            f.message = self._message(error) if invalid else ""
+            if f.editor.property("invalid") != invalid:
+                f.editor.setProperty("invalid", invalid)
+                f.frame.setStyleSheet(_frame_style(name, invalid=invalid))
+            f.mark.setText(INVALID_MARK if invalid else "")
+            f.mark.setToolTip(f.message)
+            f.editor.setToolTip((f.message + "\n\n" if invalid else "") + self._tooltip(f.spec))
+        self._list_problems()
         valid = not self.errors
         if valid:
             self.summary.setText("")
         else:
-            first = next(iter(self.errors.values()))
-            more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
-            self.summary.setText(f"Cannot start: {first.message}{more}" + (f" [{', '.join(hidden)}]" if hidden else ""))
+            lines = self._problem_lines()
+            more = f" (and {len(lines) - 1} more, listed above)" if len(lines) > 1 else ""
+            self.summary.setText(f"Cannot start: {lines[0]}{more}")
+            self.summary.setToolTip("\n".join(lines))
         self.start_button.setEnabled(valid)
-        self.start_button.setToolTip("" if valid else self.summary.text())
-        if valid != self.valid:
-            self.valid = valid
+        self.start_button.setToolTip("" if valid else "\n".join(self._problem_lines()))
+        self.valid = valid
         self.validity_changed.emit(valid)
         if valid:
             config = self.state.config()
-            reason = "" if size else "The privacy cost is shown for registered datasets; for a file it is " \
-                                     "known once the runner has loaded it (see the run's plan)."
-            self.preview.request(config, size, reason)
-            if size is not None:
-                self.preview_label.setText(self.preview_label.text() or "Estimating…")
+            if size is None:
+                self.preview.request(config, None, "The privacy cost is shown for registered datasets; for a file "
+                                     "it is known once the runner has loaded it (see the run's plan).")
+            else:
+                if not self._showing_estimate:
+                    # Replace a message about invalid settings at once; an older estimate stays until
+                    # the new one arrives (no flicker while typing).
+                    self._set_preview("Estimating the privacy cost…", estimate=False)
+                self.preview.request(config, size)
         else:
-            self.preview.request(None, None, "Fix the settings marked in red to see the privacy cost.")
+            self.preview.request(None, None, "Fix the settings marked " + INVALID_MARK
+                                 + " (listed under the form) to see the privacy cost.")
 
-    def _show_preview(self, text: str) -> None:
+    @staticmethod
+    def _message(error: ConfigError) -> str:
+        return error.message + (f" — {error.hint}" if error.hint else "")
+
+    def _problem_lines(self) -> list[str]:
+        """One line per problem, in form order, each naming its field by the form's label."""
+        order = {name: i for i, name in enumerate(self.fields)}
+        lines = []
+        for name in sorted(self.errors, key=lambda n: order.get(n, len(order))):
+            label = self.fields[name].spec.label if name in self.fields else name
+            text = self._message(self.errors[name]).removeprefix(f"{name}: ")
+            lines.append(f"{label} ({name}): {text}")
+        return lines
+
+    def _list_problems(self) -> None:
+        order = {name: i for i, name in enumerate(self.fields)}
+        self.problems.clear()
+        for name, line in zip(sorted(self.errors, key=lambda n: order.get(n, len(order))), self._problem_lines()):
+            item = QListWidgetItem(f"{INVALID_MARK} {line}")
+            item.setData(Qt.ItemDataRole.UserRole, name)
+            item.setToolTip(line)
+            self.problems.addItem(item)
+        if not self.errors:
+            item = QListWidgetItem(NO_PROBLEMS)
+            item.setFlags(Qt.ItemFlag.NoItemFlags)
+            self.problems.addItem(item)
+
+    def _focus_problem(self, item: QListWidgetItem) -> None:
+        field = self.fields.get(item.data(Qt.ItemDataRole.UserRole) or "")
+        if field is not None and field.widget.isVisibleTo(self):
+            field.editor.setFocus(Qt.FocusReason.OtherFocusReason)
+
+    def _set_preview(self, text: str, *, estimate: bool) -> None:
+        self._showing_estimate = estimate
         self.preview_label.setText(text)
+
+    def _show_preview(self, text: str, estimate: bool = False) -> None:
+        self._set_preview(text, estimate=estimate)
 
     def config(self) -> RunConfig:
         return self.state.config()

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QComboBox, QLineEdit
 
 from engine.config import RunConfig, config_fields
-from workbench.form_state import FormState, visible_fields
-from workbench.setup_form import SetupForm
+from workbench.form_state import FormState
+from workbench.setup_form import INVALID_MARK, SetupForm
+
+
+def _problems(form) -> list[str]:
+    return [form.problems.item(i).text() for i in range(form.problems.count())]
 
 
 @pytest.fixture
@@ -21,7 +26,7 @@ def form(qtbot):
 def test_every_field_of_the_mechanism_has_a_widget_with_its_spec(form):
     for mechanism in ("dpsgd", "pate", "none"):
         form.set_value("mechanism", mechanism)
-        visible = set(visible_fields(mechanism, form.state.texts["aggregator"]))
+        visible = set(form.state.visible())
         for name, _, spec in config_fields():
             field = form.fields[name]
             assert field.widget.isVisibleTo(form) == (name in visible), (mechanism, name)
@@ -51,30 +56,31 @@ def test_invalid_delta_disables_start_with_the_reason_at_the_field(form):
     assert form.start_button.isEnabled()
     form.set_value("delta", "2")
     assert not form.start_button.isEnabled()
-    error = form.fields["delta"].error
-    assert error.isVisibleTo(form)
-    assert "delta" in error.text() and "2" in error.text()
-    assert form.fields["delta"].editor.property("invalid") is True
+    field = form.fields["delta"]
+    assert "delta" in field.message and "2" in field.message
+    assert field.mark.text() == INVALID_MARK and field.message in field.mark.toolTip()
+    assert field.editor.property("invalid") is True
     assert "delta" in form.summary.text()
+    assert any("Delta (delta)" in line for line in _problems(form))
     form.set_value("delta", "1e-5")
     assert form.start_button.isEnabled()
-    assert not form.fields["delta"].error.isVisibleTo(form)
+    assert form.fields["delta"].mark.text() == "" and form.fields["delta"].message == ""
 
 
 def test_negative_clipping_norm_and_text_in_a_number_are_refused(form):
     form.set_value("noise_multiplier", "1.1")
     form.set_value("clipping_norm", "-1")
     assert not form.start_button.isEnabled()
-    assert "out of range" in form.fields["clipping_norm"].error.text()
+    assert "out of range" in form.fields["clipping_norm"].message
     form.set_value("clipping_norm", "abc")
-    assert "'abc' is not a number" in form.fields["clipping_norm"].error.text()
+    assert "'abc' is not a number" in form.fields["clipping_norm"].message
 
 
 def test_cross_field_rule_is_shown_at_its_field(form):
     form.set_value("noise_multiplier", "1.1")
     form.set_value("target_epsilon", "3")
     assert not form.start_button.isEnabled()
-    assert "not both" in form.fields["target_epsilon"].error.text()
+    assert "not both" in form.fields["target_epsilon"].message
 
 
 def test_delta_must_be_below_one_over_n_of_the_dataset(form):
@@ -82,7 +88,7 @@ def test_delta_must_be_below_one_over_n_of_the_dataset(form):
     form.set_value("noise_multiplier", "1.0")
     form.set_value("delta", "0.01")
     assert not form.start_button.isEnabled()
-    assert "1/N" in form.fields["delta"].error.text()
+    assert "1/N" in form.fields["delta"].message
 
 
 def test_cost_preview_computes_epsilon_off_the_gui_thread(form, qtbot):
@@ -133,7 +139,7 @@ def test_a_model_that_does_not_fit_the_dataset_is_marked_at_its_field(form):
     form.set_value("dataset", "digits")
     form.set_value("model", "mnist_cnn")
     assert not form.start_button.isEnabled()
-    text = form.fields["model"].error.text()
+    text = form.fields["model"].message
     assert "'mnist_cnn' does not fit 'digits'" in text and "(1, 8, 8)" in text
     assert "digits_cnn" in form.fields["model"].editor.toolTip() + text
     form.set_value("model", "auto")
@@ -152,3 +158,109 @@ def test_only_the_chosen_aggregators_noise_settings_are_shown(form):
     assert shown("threshold") and shown("sigma1") and shown("sigma2") and not shown("gnmax_sigma")
     form.set_value("aggregator", "lnmax")
     assert shown("laplace_scale") and not shown("sigma2")
+
+
+def _geometry(form) -> dict[str, tuple]:
+    """Where every shown field's input sits in the form, and its size."""
+    return {name: (f.editor.mapTo(form, f.editor.rect().topLeft()).toTuple(), f.editor.size().toTuple())
+            for name, f in form.fields.items() if f.widget.isVisibleTo(form)}
+
+
+def test_fields_do_not_move_when_errors_appear(form, qtbot):
+    form.resize(1100, 900)
+    form.set_value("noise_multiplier", "1.1")
+    qtbot.waitUntil(lambda: "ε =" in form.preview_label.text(), timeout=20000)
+    before = _geometry(form)
+    form.set_value("clipping_norm", "abc")
+    form.set_value("delta", "0.5")
+    form.set_value("epochs", "0")
+    qtbot.wait(50)
+    assert not form.valid
+    assert _geometry(form) == before
+    form.set_value("mechanism", "pate")
+    form.set_value("sigma1", "abc")
+    qtbot.wait(50)
+    pate_before = _geometry(form)
+    form.set_value("num_teachers", "1")
+    form.set_value("threshold", "-3")
+    qtbot.wait(50)
+    assert _geometry(form) == pate_before
+
+
+def test_every_invalid_field_is_marked_at_once_including_delta_against_one_over_n(form):
+    form.set_value("mechanism", "pate")
+    form.set_value("sigma1", "abc")
+    form.set_value("delta", "0.5")
+    assert set(form.errors) >= {"sigma1", "delta"}
+    assert form.fields["sigma1"].mark.text() == INVALID_MARK
+    assert "1/N" in form.fields["delta"].message and form.fields["delta"].mark.text() == INVALID_MARK
+    lines = _problems(form)
+    assert any(line.startswith(f"{INVALID_MARK} Sigma") for line in lines) and any("1/N" in line for line in lines)
+    form.set_value("num_teachers", "abc")
+    assert {"sigma1", "delta", "num_teachers"} <= set(form.errors)
+    assert "(and 2 more, listed above)" in form.summary.text()
+
+
+def test_delta_against_one_over_n_is_checked_next_to_a_cross_field_error():
+    state = FormState()
+    state.set_text("noise_multiplier", "1.1")
+    state.set_text("target_epsilon", "3")  # not both
+    state.set_text("delta", "0.001")
+    errors = state.errors(state.data_size())
+    assert "not both" in errors["target_epsilon"].message and "1/N" in errors["delta"].message
+
+
+def test_a_problem_in_the_list_takes_the_focus_to_its_field(form, qtbot):
+    form.set_value("noise_multiplier", "1.1")
+    form.set_value("epochs", "0")
+    item = form.problems.item(0)
+    assert item.data(Qt.ItemDataRole.UserRole) == "epochs"
+    form.problems.itemClicked.emit(item)
+    qtbot.waitUntil(lambda: form.fields["epochs"].editor.hasFocus(), timeout=2000)
+
+
+def test_fields_the_optimizer_and_dataset_do_not_use_are_hidden(form):
+    shown = lambda name: form.fields[name].widget.isVisibleTo(form)  # noqa: E731
+    form.set_value("optimizer", "adam")
+    assert not shown("momentum")
+    form.set_value("optimizer", "momentum")
+    assert shown("momentum")
+    form.set_value("dataset", "mnist")
+    assert not shown("test_fraction") and not shown("label_column")
+    form.set_value("dataset", "digits")
+    assert shown("test_fraction") and not shown("label_column")
+    form.set_value("dataset", "/data/patients.csv")
+    assert shown("test_fraction") and shown("label_column")
+
+
+def test_a_hidden_momentum_that_does_not_parse_does_not_block_adam(form):
+    form.set_value("noise_multiplier", "1.1")
+    form.set_value("optimizer", "momentum")
+    form.set_value("momentum", "abc")
+    assert not form.valid
+    form.set_value("optimizer", "adam")
+    assert form.valid and form.config().optimizer == "adam"
+
+
+def test_unit_labels_are_never_narrower_than_their_text(form):
+    form.resize(700, 700)  # narrow: the fields are squeezed, the units must not be
+    form.set_value("epsilon_budget", "3")
+    units = {name: f.unit for name, f in form.fields.items() if f.unit is not None and f.widget.isVisibleTo(form)}
+    assert {"target_epsilon", "delta", "epsilon_budget"} <= set(units)
+    for name, unit in units.items():
+        ink = unit.fontMetrics().boundingRect(unit.text()).width()
+        assert unit.width() >= unit.sizeHint().width() >= ink, name
+        assert unit.isEnabled(), name  # drawn in the normal text colour, not greyed out
+
+
+def test_the_first_preview_never_asks_to_fix_settings_when_none_is_marked(qtbot):
+    form = SetupForm()
+    qtbot.addWidget(form)
+    assert not form.valid  # the bare defaults need a noise multiplier or a target
+    form.load_config(RunConfig.load_toml("resources/examples/dpsgd-mnist-quick.toml"))
+    assert form.valid
+    assert "Fix the settings" not in form.preview_label.text()
+    assert form.preview_label.text() == "Estimating the privacy cost…"
+    qtbot.waitUntil(lambda: "ε =" in form.preview_label.text(), timeout=20000)
+    form.set_value("delta", "abc")
+    assert "Fix the settings" in form.preview_label.text()

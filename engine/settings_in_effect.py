@@ -1,0 +1,32 @@
+"""Which settings of a run config take effect, given the values of the others.
+
+`engine.config.fields_used` says which fields a mechanism (and PATE aggregator) reads; a few more
+fields matter only for some values of another one: the momentum only for the 'momentum' optimizer,
+the label column only for a CSV file, the test fraction only for data without a standard test
+split. The setup form shows, and a report lists, exactly these (one rule for both).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from engine.config import fields_used
+
+# Registered datasets that come with their own test split (engine.datasets: torchvision sets).
+DATASETS_WITH_TEST_SPLIT = ("mnist", "fashion-mnist", "cifar10", "svhn")
+
+
+def settings_in_effect(values: Mapping[str, Any]) -> list[str]:
+    """The field names a run with these `values` reads, in form order."""
+    mechanism = str(values.get("mechanism") or "dpsgd").strip()
+    aggregator = values.get("aggregator")
+    aggregator = str(aggregator).strip() if aggregator is not None else None
+    dataset = str(values.get("dataset") or "").strip().lower()
+    unused = set()
+    if str(values.get("optimizer") or "").strip() != "momentum":
+        unused.add("momentum")
+    if not dataset.endswith(".csv"):
+        unused.add("label_column")
+    if dataset in DATASETS_WITH_TEST_SPLIT:
+        unused.add("test_fraction")
+    return [name for name in fields_used(mechanism, aggregator) if name not in unused]
