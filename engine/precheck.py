@@ -18,3 +18,51 @@ def check_before_storing(config: RunConfig) -> None:
     from engine.runs import prepare
 
     prepare(config)
+
+
+def answer(config_dict: dict) -> dict:
+    """One check's reply: {"ok": true}, or {"ok": false, "message", "hint", "field"} (a DPWError's
+    one line; anything else as its type and text)."""
+    from engine.errors import ConfigError, DPWError
+
+    try:
+        check_before_storing(RunConfig.from_dict(config_dict))
+    except DPWError as exc:
+        return {"ok": False, "message": exc.message, "hint": exc.hint,
+                "field": exc.field if isinstance(exc, ConfigError) else None}
+    except Exception as exc:  # the service keeps serving whatever one config does
+        return {"ok": False, "message": f"{type(exc).__name__}: {exc}", "hint": None, "field": None}
+    return {"ok": True}
+
+
+def serve(stdin, stdout) -> int:
+    """`python -m engine.precheck`: one run config (JSON) per line in, one reply per line out, until
+    end of input. The window keeps one such process, so torch is imported once, not per run."""
+    import json
+
+    stdout.write(json.dumps({"ready": True}) + "\n")
+    stdout.flush()
+    for line in stdin:
+        if not line.strip():
+            continue
+        try:
+            reply = answer(json.loads(line))
+        except ValueError as exc:
+            reply = {"ok": False, "message": f"unreadable request: {exc}", "hint": None, "field": None}
+        stdout.write(json.dumps(reply, default=str) + "\n")
+        stdout.flush()
+    return 0
+
+
+def main() -> int:
+    import os
+    import sys
+
+    # The protocol owns stdout: a library's print (or a download's progress) goes to stderr.
+    protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    sys.stdout = sys.stderr
+    return serve(sys.stdin, protocol)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

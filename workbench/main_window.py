@@ -27,6 +27,7 @@ from workbench.dashboard import Dashboard
 from workbench.closing import CANCEL, KEEP, ask_before_closing, runner_pid, stop_runner
 from workbench.dialogs import ExportDialog, ReportDialog, describe_error
 from workbench.engine_client import EngineClient
+from workbench.precheck_client import PrecheckClient, check_while_painting
 from workbench.first_start import first_config
 from workbench.probe import EngineProbe
 from workbench.run_data import RunData
@@ -59,6 +60,8 @@ class MainWindow(QMainWindow):
         self.client.run_ended.connect(self._on_run_ended)
         self.client.run_lost.connect(self._on_run_lost)
         self.client.queue_changed.connect(self._update_queue_label)
+        self.precheck = PrecheckClient(self.client.environment)  # `dpw run`'s checks before storing
+        self._checking = False
         self.run_data: dict[int, RunData] = {}
         self.current_run_id: int | None = None
 
@@ -261,6 +264,7 @@ class MainWindow(QMainWindow):
         if self.probe.process.state() != self.probe.process.ProcessState.NotRunning:
             self.probe.process.kill()
             self.probe.process.waitForFinished(1000)
+        self.precheck.close()
         self.store.close()
         super().closeEvent(event)
 
@@ -419,6 +423,26 @@ class MainWindow(QMainWindow):
         self.form.fields["name"].editor.selectAll()
 
     def start_run(self, config: RunConfig) -> int | None:
+        if self._checking:
+            return None
+        # The checks `dpw run` does before storing (data found, rules on the real data, model, plan),
+        # in a helper process while the window paints: a config that fails leaves no failed run.
+        self._checking = True
+        self.act_start.setEnabled(False)
+        self.form.start_button.setEnabled(False)
+        self.statusBar().showMessage(f"Checking {config.name}: loading its data and planning its privacy…")
+        try:
+            problem = check_while_painting(self.precheck, config)
+        finally:
+            self._checking = False
+            self.act_start.setEnabled(self.form.valid)
+            self.form.start_button.setEnabled(self.form.valid)
+            self.statusBar().clearMessage()
+        if problem is not None:
+            self.form.show_start_problem(problem)
+            self.tabs.setCurrentWidget(self.form)
+            self.statusBar().showMessage(f"Not started: {problem.message}", 15000)
+            return None
         try:
             run_id = self.client.submit(config)
         except Exception as exc:

@@ -386,6 +386,30 @@ class SetupForm(QWidget):
         if field is not None and field.widget.isVisibleTo(self):
             field.editor.setFocus(Qt.FocusReason.OtherFocusReason)
 
+    def show_start_problem(self, error: Exception) -> None:
+        """What the pre-run check (which loads the data) found: at the top of the problems list and
+        in the summary, and marked at its field when it names a shown one, until the next edit."""
+        from workbench.dialogs import describe_error
+
+        name = getattr(error, "field", None)
+        text = describe_error(error).replace("\n", " — ")
+        field = self.fields.get(name or "")
+        if field is not None and field.widget.isVisibleTo(self):
+            field.message = text
+            field.mark.setText(INVALID_MARK)
+            field.mark.setToolTip(text)
+            field.editor.setProperty("invalid", True)
+            field.frame.setStyleSheet(_frame_style(name, invalid=True))
+            text = f"{field.spec.label} ({name}): " + text.removeprefix(f"{name}: ")
+        if not self.errors:
+            self.problems.clear()
+        item = QListWidgetItem(f"{INVALID_MARK} {text}")
+        item.setData(Qt.ItemDataRole.UserRole, name)
+        item.setToolTip(text)
+        self.problems.insertItem(0, item)
+        self.summary.setText(f"Not started: {text}")
+        self.summary.setToolTip(text)
+
     def _set_preview(self, text: str, *, estimate: bool) -> None:
         self._showing_estimate = estimate
         self.preview_label.setText(text)

@@ -1,0 +1,32 @@
+"""`python -m engine.precheck`: the checks before storing, one config per line, for the window."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from engine.config import RunConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_precheck_service_answers_each_config_in_one_line(tmp_path):
+    missing = RunConfig(name="m", dataset="mnist", data_dir=str(tmp_path / "nothing"), noise_multiplier=1.0)
+    table = tmp_path / "t.csv"
+    table.write_text("x,label\n" + "".join(f"{i},{i % 2}\n" for i in range(40)))
+    big_delta = RunConfig(name="d", dataset=str(table), noise_multiplier=1.0, delta=0.1, expected_batch_size=4)
+    fine = RunConfig(name="ok", dataset="digits", noise_multiplier=1.0, epochs=1)
+    lines = "".join(json.dumps(c.to_dict()) + "\n" for c in (missing, big_delta, fine)) + "not json\n"
+    out = subprocess.run([sys.executable, "-m", "engine.precheck"], input=lines, capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr
+    ready, *replies = [json.loads(line) for line in out.stdout.splitlines()]
+    assert ready == {"ready": True}
+    assert replies[0]["ok"] is False and "dataset files not found" in replies[0]["message"]
+    assert replies[0]["hint"] and "\n" not in replies[0]["message"]
+    assert replies[1]["ok"] is False and replies[1]["field"] == "delta" and "1/N" in replies[1]["message"]
+    assert replies[2] == {"ok": True}
+    assert replies[3]["ok"] is False and "unreadable request" in replies[3]["message"]
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,58 @@
+"""Starting a run from the window runs `dpw run`'s checks first: a config that cannot train is one
+line in the form and leaves no run in the store."""
+
+from __future__ import annotations
+
+from engine.store import Store
+from workbench.setup_form import INVALID_MARK
+
+
+def _store_ids(window) -> list[int]:
+    return [row["id"] for row in Store(window.store.path, readonly=True).list_runs()]
+
+
+def _problems(window) -> list[str]:
+    return [window.form.problems.item(i).text() for i in range(window.form.problems.count())]
+
+
+def test_missing_data_is_reported_at_start_and_leaves_no_failed_run(window, tmp_path):
+    for name, value in dict(name="no-data", dataset="mnist", data_dir=str(tmp_path / "empty"), noise_multiplier="1.1",
+                            epochs="1", target_epsilon="").items():
+        window.form.set_value(name, value)
+    assert window.form.valid, window.form.summary.text()
+    assert window.start_run(window.form.config()) is None
+    assert window.run_data == {} and window.runs_model.rows == []
+    assert _store_ids(window) == []
+    assert "dataset files not found" in window.form.summary.text()
+    assert any("dataset files not found" in line for line in _problems(window))
+    assert window.tabs.currentWidget() is window.form
+    assert "Traceback" not in window.form.summary.toolTip()
+    # The next edit clears it; a config that works then starts.
+    window.form.set_value("data_dir", "")
+    window.form.set_value("dataset", "digits")
+    window.form.set_value("delta", "1e-4")
+    assert "not found" not in window.form.summary.text()
+
+
+def test_delta_against_the_real_data_is_marked_at_its_field(window, tmp_path):
+    table = tmp_path / "small.csv"
+    table.write_text("a,b,label\n" + "".join(f"{i % 7},{(3 * i) % 5},{i % 2}\n" for i in range(60)))
+    for name, value in dict(name="small-csv", dataset=str(table), noise_multiplier="1.0", target_epsilon="",
+                            delta="0.05", expected_batch_size="8", epochs="1", model="auto").items():
+        window.form.set_value(name, value)
+    assert window.form.valid, window.form.summary.text()  # N is known only once the file is read
+    assert window.start_run(window.form.config()) is None
+    assert _store_ids(window) == []
+    delta = window.form.fields["delta"]
+    assert delta.mark.text() == INVALID_MARK and "1/N" in delta.message
+    assert _problems(window)[0].startswith(f"{INVALID_MARK} Delta (delta):")
+
+
+def test_a_valid_config_is_checked_then_started(window, qtbot):
+    for name, value in dict(name="digits-ok", dataset="digits", noise_multiplier="1.0", target_epsilon="",
+                            delta="1e-4", expected_batch_size="64", epochs="1", model="auto").items():
+        window.form.set_value(name, value)
+    run_id = window.start_run(window.form.config())
+    assert run_id is not None and run_id in window.run_data
+    qtbot.waitUntil(lambda: window.run_data[run_id].finished, timeout=120_000)
+    assert _store_ids(window) == [run_id]
