@@ -29,9 +29,10 @@ import sqlite_utils
 
 from engine.errors import DPWError, StoreError, explain, recover_hint
 from engine.events import loads, to_json_safe
+from engine.publication import run_epsilon
 from engine.store_files import abandon, empty_old_wal, replaced, store_files
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 STATUSES = ("queued", "running", "finished", "stopped", "failed")
 BUSY_TIMEOUT_S = 120  # a writer waits this long for another's write lock (a backup, an sqlite3 shell)
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -112,7 +113,20 @@ def _migration_3(db: sqlite_utils.Database) -> None:
         db.conn.execute("ALTER TABLE [runs] ADD COLUMN [study_id] INTEGER REFERENCES [studies]([id])")
 
 
-MIGRATIONS = [_migration_1, _migration_2, _migration_3]
+def _migration_4(db: sqlite_utils.Database) -> None:
+    # User tags and notes. Tags get a table of their own, one row per (run, tag): a run has any number
+    # of them, each matched exactly (`dpw list`, the window's filter) without parsing a column, the
+    # unique index keeps a tag once per run, and delete_run removes them with the run's other rows.
+    # A note is one text per run: a column of `runs`. A deleted run's record keeps both (why it was
+    # made and why it was dropped are part of its record).
+    db.conn.execute(f"CREATE TABLE IF NOT EXISTS [run_tags] ({_RUN_REF}, [tag] TEXT NOT NULL)")
+    db.conn.execute("CREATE UNIQUE INDEX IF NOT EXISTS [idx_run_tags_run_id_tag] ON [run_tags] ([run_id], [tag])")
+    for table, column in (("runs", "notes"), ("deleted_runs", "notes"), ("deleted_runs", "tags")):
+        if column not in {r[1] for r in db.conn.execute(f"PRAGMA table_info({table})")}:
+            db.conn.execute(f"ALTER TABLE [{table}] ADD COLUMN [{column}] TEXT")
+
+
+MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4]
 RUN_COLUMNS_NEEDED = {"id", "name", "status", "config"}  # a `runs` table without these is not ours
 
 
@@ -122,7 +136,9 @@ def check_deletable(run: dict[str, Any]) -> None:
         runner = f", or `kill {run['pid']}` (its runner process)" if run.get("pid") else ""
         raise DPWError(f"run {run['id']} ({run['name']}) is running; stop it before deleting it",
                        hint=f"Ctrl-C in its `dpw run`, Stop in the window{runner}")
-RUN_TABLES = ("metrics", "privacy", "events", "artifacts", "votes")  # rows owned by a run
+RECORD_TABLES = ("metrics", "privacy", "events", "artifacts", "votes")  # what a run recorded (table_counts)
+RUN_TABLES = RECORD_TABLES + ("run_tags",)  # every row a run owns (deleted with it)
+MAX_TAG_LENGTH = 64
 
 
 # ---- opening a file ----------------------------------------------------------------------------
@@ -361,10 +377,13 @@ class Store:
         self.reconcile_orphans()
         run = self.get_run(run_id)
         check_deletable(run)
-        keep = ("id", "name", "mechanism", "dataset", "status", "epsilon", "delta", "accountant",
-                "config_hash", "created", "finished")
+        keep = ("id", "name", "mechanism", "dataset", "status", "config_hash", "created", "finished", "notes")
+        spent = run_epsilon(run)  # the run's own privacy spent (PATE: its publishable epsilon, not the dd one)
+        record = {**{k: run.get(k) for k in keep}, "epsilon": spent.value, "delta": spent.delta,
+                  "accountant": spent.accountant, "tags": ", ".join(run.get("tags") or []) or None,
+                  "deleted": now_iso()}
         with self._write() as conn:
-            self.db["deleted_runs"].insert({**{k: run.get(k) for k in keep}, "deleted": now_iso()}, replace=True)
+            self.db["deleted_runs"].insert(record, replace=True)
             for table in RUN_TABLES:
                 conn.execute(f"delete from {table} where run_id = ?", [run_id])
             conn.execute("delete from runs where id = ?", [run_id])
@@ -372,7 +391,68 @@ class Store:
         return run
 
     def deleted_runs(self) -> list[dict[str, Any]]:
-        return list(self.db["deleted_runs"].rows_where(order_by="id"))
+        """What the store keeps of each deleted run (its privacy spent, name, data, dates, tags, notes),
+        oldest first; `tags` as a list."""
+        rows = [dict(r) for r in self.db["deleted_runs"].rows_where(order_by="id")]
+        for row in rows:
+            row["tags"] = [t.strip() for t in (row.get("tags") or "").split(",") if t.strip()]
+        return rows
+
+    # ---- tags and notes (the user's, not the engine's) ---------------------------------------------
+    def add_tags(self, run_id: int, tags: Iterable[str]) -> list[str]:
+        """Tag a run (a tag it already has is kept once); returns its tags."""
+        wanted = clean_tags(tags)
+        with self._write() as conn:
+            self._check_run(conn, run_id)
+            conn.executemany("insert or ignore into run_tags (run_id, tag) values (?, ?)",
+                             [(run_id, tag) for tag in wanted])
+        return self.tags(run_id)
+
+    def remove_tags(self, run_id: int, tags: Iterable[str]) -> list[str]:
+        """Take tags off a run (one it does not have is ignored); returns its tags."""
+        unwanted = clean_tags(tags)
+        with self._write() as conn:
+            self._check_run(conn, run_id)
+            conn.executemany("delete from run_tags where run_id = ? and tag = ?", [(run_id, t) for t in unwanted])
+        return self.tags(run_id)
+
+    def set_tags(self, run_id: int, tags: Iterable[str]) -> list[str]:
+        """Replace a run's tags with `tags` (the window's tags box); returns them."""
+        wanted = clean_tags(tags)
+        with self._write() as conn:
+            self._check_run(conn, run_id)
+            conn.execute("delete from run_tags where run_id = ?", [run_id])
+            conn.executemany("insert or ignore into run_tags (run_id, tag) values (?, ?)",
+                             [(run_id, tag) for tag in wanted])
+        return self.tags(run_id)
+
+    def tags(self, run_id: int) -> list[str]:
+        return self._tags_of([run_id]).get(run_id, [])
+
+    def set_notes(self, run_id: int, notes: str | None) -> None:
+        """The run's notes (free text; empty clears them)."""
+        text = (notes or "").strip() or None
+        with self._write() as conn:
+            self._check_run(conn, run_id)
+            conn.execute("update runs set notes = ? where id = ?", [text, run_id])
+
+    def _check_run(self, conn: sqlite3.Connection, run_id: int) -> None:
+        if conn.execute("select 1 from runs where id = ?", [run_id]).fetchone() is None:
+            raise DPWError(f"no run with id {run_id} in {self.path}", hint="`dpw list` shows the runs")
+
+    def _tags_of(self, run_ids: list[int] | None = None) -> dict[int, list[str]]:
+        """run id -> its tags in the order given; every run's when `run_ids` is None. A read-only store
+        of an older schema has none."""
+        if not self.db["run_tags"].exists():
+            return {}
+        sql, args = "select run_id, tag from run_tags", []
+        if run_ids is not None:
+            sql += " where run_id in (" + ",".join("?" * len(run_ids)) + ")"
+            args = list(run_ids)
+        tags: dict[int, list[str]] = {}
+        for run_id, tag in self.db.conn.execute(sql + " order by run_id, rowid", args):
+            tags.setdefault(run_id, []).append(tag)
+        return tags
 
     def update_run(self, run_id: int, **fields: Any) -> None:
         if "status" in fields and fields["status"] not in STATUSES:
@@ -381,6 +461,18 @@ class Store:
             fields["summary"] = json.dumps(to_json_safe(fields["summary"]), sort_keys=True, allow_nan=False)
         with self._write():
             self.db["runs"].update(run_id, fields)
+
+    def set_summary_key(self, run_id: int, key: str, value: Any) -> None:
+        """Set one key of a run's summary (e.g. a result computed after training), keeping the others:
+        read, merge and write in one transaction, so a concurrent writer's keys are never lost."""
+        with self._write() as conn:
+            row = conn.execute("select summary from runs where id = ?", [run_id]).fetchone()
+            if row is None:
+                raise DPWError(f"no run with id {run_id} in {self.path}", hint="`dpw list` shows the runs")
+            summary = json.loads(row[0]) if row[0] else {}
+            summary[key] = value
+            conn.execute("update runs set summary = ? where id = ?",
+                         [json.dumps(to_json_safe(summary), sort_keys=True, allow_nan=False), run_id])
 
     def mark_running(self, run_id: int, **fields: Any) -> None:
         """Take a queued run over for this process (the runner); refused when it is no longer queued
@@ -399,7 +491,7 @@ class Store:
             row = self.db["runs"].get(run_id)
         except sqlite_utils.db.NotFoundError:
             raise DPWError(f"no run with id {run_id} in {self.path}", hint="`dpw list` shows the runs") from None
-        return self._with_study(_decode_run(row))
+        return self._with_tags(self._with_study(_decode_run(row)))
 
     def find_run(self, ref: str | int) -> dict[str, Any]:
         """A run by id, or by name (the newest run of that name); an all-digit reference that is no
@@ -414,12 +506,20 @@ class Store:
         rows = list(self.db["runs"].rows_where("name = ?", [str(ref)], order_by="id desc", limit=1))
         if not rows:
             raise DPWError(f"no run named {ref!r} in {self.path}", hint="`dpw list` shows the runs")
-        return self._with_study(_decode_run(rows[0]))
+        return self._with_tags(self._with_study(_decode_run(rows[0])))
 
     def list_runs(self) -> list[dict[str, Any]]:
         self.reconcile_orphans()
         studies = {s["id"]: s for s in self.list_studies()}
-        return [self._with_study(_decode_run(r), studies) for r in self.db["runs"].rows_where(order_by="id")]
+        tags = self._tags_of()
+        return [self._with_tags(self._with_study(_decode_run(r), studies), tags)
+                for r in self.db["runs"].rows_where(order_by="id")]
+
+    def _with_tags(self, run: dict[str, Any], tags: dict[int, list[str]] | None = None) -> dict[str, Any]:
+        """The run with its tags as `run["tags"]` (a list) and `run["notes"]` (None when it has none)."""
+        run["tags"] = (tags if tags is not None else self._tags_of([run["id"]])).get(run["id"], [])
+        run.setdefault("notes", None)
+        return run
 
     # ---- studies (engine.study) -----------------------------------------------------------------
     def create_study(self, **fields: Any) -> int:
@@ -602,12 +702,30 @@ class Store:
     def table_counts(self, run_id: int) -> dict[str, int]:
         return {
             table: self.db.conn.execute(f"select count(*) from {table} where run_id = ?", [run_id]).fetchone()[0]
-            for table in RUN_TABLES
+            for table in RECORD_TABLES
         }
 
     def insert_many(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
         with self._write():
             self.db[table].insert_all(rows)
+
+
+def clean_tags(tags: Iterable[str]) -> list[str]:
+    """Tags as stored: each stripped, inner spaces collapsed, split at commas (the window's box and
+    `dpw tag a,b` alike), empty ones dropped, each once in the order given; DPWError for a tag longer
+    than MAX_TAG_LENGTH."""
+    if isinstance(tags, str):
+        tags = [tags]
+    out: list[str] = []
+    for text in tags:
+        for part in str(text).split(","):
+            tag = " ".join(part.split())
+            if len(tag) > MAX_TAG_LENGTH:
+                raise DPWError(f"tag {tag[:20]!r}… is {len(tag)} characters long; a tag has at most "
+                               f"{MAX_TAG_LENGTH}", hint="use a shorter tag, and the run's notes for longer text")
+            if tag and tag not in out:
+                out.append(tag)
+    return out
 
 
 def _decode_run(row: dict[str, Any]) -> dict[str, Any]:

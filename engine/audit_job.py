@@ -1,0 +1,90 @@
+"""The membership audit of a stored run, computed in a process of its own and kept with the run.
+
+`python -m engine.audit_job RUN --db DB [--data-dir DIR]` runs `engine.audit_run.audit_run` (the
+window starts it, so the window never waits on torch or the data) and stores the result in the run's
+summary under `membership_audit`, so it is computed once per run. Output: JSON lines,
+    {"type": "progress", "phase": "auditing"}
+    {"type": "result", "audit": {...}}            the stored object (stored_audit)
+    {"type": "error", "message": ..., "hint": ...}  a one-line user error (data files gone, no model)
+The result is computed from private data: it stays in the local store and is shown locally; a
+report carries it only when asked (`dpw report --include-audit`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.errors import DPWError
+
+MEMBERSHIP_AUDIT_KEY = "membership_audit"
+"""The key of the stored audit in a run's summary."""
+
+_ROC_GRID = np.unique(np.concatenate([np.logspace(-5, 0, 201), np.linspace(0.0, 1.0, 201)]))
+
+
+def thin_roc(fpr, tpr, grid=_ROC_GRID) -> tuple[np.ndarray, np.ndarray]:
+    """A subset of a ROC's own points for display and storage: at each grid FPR, the point with the
+    highest TPR at an FPR at most that (the ROC ascends), plus both ends. The curve keeps its shape on
+    linear and log FPR axes in a few hundred points instead of one per example."""
+    f, t = np.asarray(fpr, dtype=float), np.asarray(tpr, dtype=float)
+    if f.size <= grid.size:
+        return f, t
+    picks = np.searchsorted(f, grid, side="right") - 1
+    keep = np.unique(np.concatenate([[0, f.size - 1], picks[picks >= 0]]))
+    return f[keep], t[keep]
+
+
+def stored_audit(audit_json: dict[str, Any]) -> dict[str, Any]:
+    """The `dpw audit --json` object as kept with the run: its ROC thinned (thin_roc), and when."""
+    body = json.loads(json.dumps(audit_json))  # a deep copy of plain JSON
+    roc = body["mia"]["roc"]
+    fpr, tpr = thin_roc(roc["fpr"], roc["tpr"])
+    body["mia"]["roc"] = {"fpr": fpr.tolist(), "tpr": tpr.tolist(), "points": len(roc["fpr"]),
+                          "thinned": len(fpr) < len(roc["fpr"])}
+    body["computed"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return body
+
+
+def audit_and_store(store, run_ref: str | int, *, data_dir: str | None = None) -> dict[str, Any]:
+    """Audit the run (engine.audit_run defaults), keep the result in its summary, return it."""
+    from engine.audit_run import audit_run
+
+    result = audit_run(store, run_ref, data_dir=data_dir)
+    body = stored_audit(result.to_json())
+    body.pop("canaries", None)  # the canary audit is the training run's own result, kept where it put it
+    store.set_summary_key(result.run_id, MEMBERSHIP_AUDIT_KEY, body)
+    return body
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.audit_job",
+                                     description="Membership audit of a stored run, kept in its summary.")
+    parser.add_argument("run")
+    parser.add_argument("--db", required=True, type=Path)
+    parser.add_argument("--data-dir", default=None)
+    args = parser.parse_args(argv)
+
+    def say(obj: dict[str, Any]) -> None:
+        print(json.dumps(obj), flush=True)
+
+    say({"type": "progress", "phase": "auditing"})
+    try:
+        from engine.store import Store
+
+        body = audit_and_store(Store(args.db), args.run, data_dir=args.data_dir)
+    except DPWError as exc:
+        say({"type": "error", "message": exc.message, "hint": exc.hint})
+        return 1
+    say({"type": "result", "audit": body})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
