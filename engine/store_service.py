@@ -94,7 +94,8 @@ def _build_report(store: Store, run_ref: Any, **options: Any) -> dict[str, Any]:
 
 # What a client may ask for: the store's own reads and the few writes a window does ...
 STORE_METHODS = frozenset({"list_runs", "get_run", "find_run", "events", "metrics", "privacy", "votes",
-                           "artifacts", "deleted_runs", "table_counts", "update_run", "reconcile_orphans"})
+                           "artifacts", "deleted_runs", "table_counts", "update_run", "reconcile_orphans",
+                           "tags", "set_tags", "add_tags", "remove_tags", "set_notes"})
 # ... and what needs more than one Store call.
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     "replay": replay, "create_run": _create_run, "remove_run": _remove_run, "export_run": _export_run,

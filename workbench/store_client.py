@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 60.0
 CALL_TIMEOUT_S = 180.0  # longer than the store's busy timeout (a write waits for another's lock); beyond: stuck
 READS = frozenset({"list_runs", "get_run", "find_run", "events", "metrics", "privacy", "votes", "artifacts",
-                   "deleted_runs", "table_counts", "replay", "ping", "build_report", "reconcile_orphans"})
+                   "deleted_runs", "table_counts", "replay", "ping", "build_report", "reconcile_orphans", "tags"})
 _ENDED = object()  # the helper's output ended
 
 
@@ -222,6 +222,17 @@ class StoreClient:
 
     def update_run(self, run_id: int, **fields: Any) -> None:
         self.call("update_run", run_id, **fields)
+
+    def deleted_runs(self) -> list[dict[str, Any]]:
+        """What the store keeps of deleted runs (engine.store.Store.deleted_runs)."""
+        return self.call("deleted_runs")
+
+    def set_tags(self, run_id: int, tags: list[str]) -> list[str]:
+        """Replace the run's tags; returns them as stored (cleaned, each once)."""
+        return self.call("set_tags", run_id, list(tags))
+
+    def set_notes(self, run_id: int, notes: str) -> None:
+        self.call("set_notes", run_id, notes)
 
     def remove_run(self, run_id: int) -> dict[str, Any]:
         """Delete a run and its saved files (engine.runner.remove_run)."""

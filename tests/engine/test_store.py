@@ -153,7 +153,7 @@ def test_a_version_1_store_is_migrated_with_its_runs(tmp_path):
     db.conn.commit()
     db.close()
     store = Store(path)
-    assert store.schema_version == SCHEMA_VERSION == 3
+    assert store.schema_version == SCHEMA_VERSION == 4
     assert store.get_run(7)["name"] == "old"
     store.delete_run(7)
     assert store.create_run(RunConfig(name="new", noise_multiplier=1.0)) == 8
@@ -418,3 +418,92 @@ def test_running_run_whose_pid_now_belongs_to_a_newer_process_is_marked_failed(s
     finally:
         newer.kill()
         newer.wait()
+
+
+# ---- tags and notes (schema 4) ---------------------------------------------------------------------
+def test_tags_and_notes_are_kept_in_the_file_across_a_reopen(tmp_path):
+    path = tmp_path / "runs.sqlite"
+    store = Store(path)
+    run_id = store.create_run(RunConfig(name="tagged", noise_multiplier=1.0))
+    other = store.create_run(RunConfig(name="other", noise_multiplier=1.0))
+    assert store.add_tags(run_id, ["baseline", " sweep,  lr  0.5 ", "baseline"]) == ["baseline", "sweep", "lr 0.5"]
+    store.set_notes(run_id, "  clipping too tight?  ")
+    store.close()
+    again = Store(path)
+    run = again.get_run(run_id)
+    assert run["tags"] == ["baseline", "sweep", "lr 0.5"] and run["notes"] == "clipping too tight?"
+    assert {r["id"]: r["tags"] for r in again.list_runs()} == {run_id: ["baseline", "sweep", "lr 0.5"], other: []}
+    assert again.remove_tags(run_id, ["sweep", "never-there"]) == ["baseline", "lr 0.5"]
+    assert again.set_tags(run_id, "final, baseline") == ["final", "baseline"]
+    again.set_notes(run_id, "")
+    raw = sqlite3.connect(path)
+    assert raw.execute("select tag from run_tags where run_id = ? order by tag", [run_id]).fetchall() == [
+        ("baseline",), ("final",)]
+    assert raw.execute("select notes from runs where id = ?", [run_id]).fetchone() == (None,)
+
+
+def test_a_tag_for_a_missing_run_or_too_long_is_one_clear_error(store):
+    with pytest.raises(DPWError, match="no run with id 99"):
+        store.add_tags(99, ["x"])
+    run_id = store.create_run(RunConfig(name="a", noise_multiplier=1.0))
+    with pytest.raises(DPWError, match="at most 64"):
+        store.add_tags(run_id, ["x" * 65])
+    assert store.tags(run_id) == []
+
+
+def test_a_deleted_run_keeps_its_privacy_spent_tags_and_notes(store):
+    run_id = _run_with_rows(store, "dropped")
+    store.add_tags(run_id, ["pilot", "mnist"])
+    store.set_notes(run_id, "wrong clipping norm")
+    store.delete_run(run_id)
+    [record] = store.deleted_runs()
+    assert record["epsilon"] == 0.5 and record["delta"] == 1e-5 and record["accountant"] == "pld"
+    assert record["tags"] == ["pilot", "mnist"] and record["notes"] == "wrong clipping norm"
+    assert store.db.conn.execute("select count(*) from run_tags where run_id = ?", [run_id]).fetchone()[0] == 0
+
+
+def test_a_deleted_pate_run_keeps_its_publishable_epsilon_not_the_data_dependent_one(store):
+    run_id = store.create_run(RunConfig(name="pate", mechanism="pate", noise_multiplier=1.0))
+    store.update_run(run_id, status="finished", epsilon=3.0, delta=1e-5, accountant="pate-di",
+                     summary={"epsilon_data_independent": 3.0, "epsilon_released": 2.2,
+                              "epsilon_data_dependent": 0.4, "delta": 1e-5})
+    store.delete_run(run_id)
+    [record] = store.deleted_runs()
+    assert (record["epsilon"], record["accountant"]) == (2.2, "pate-released")
+
+
+def test_a_schema_3_store_gains_tags_and_notes_and_keeps_its_runs_and_records(tmp_path):
+    import sqlite_utils
+
+    from engine.store import MIGRATIONS
+
+    path = tmp_path / "old.sqlite"
+    db = sqlite_utils.Database(path)
+    for migration in MIGRATIONS[:3]:
+        migration(db)
+    db.conn.execute("PRAGMA user_version = 3")
+    db["runs"].insert({"id": 5, "name": "old", "status": "finished", "config": "{}", "epsilon": 1.5})
+    db["deleted_runs"].insert({"id": 4, "name": "gone", "epsilon": 0.9, "deleted": "2026-01-01T00:00:00"})
+    db.conn.commit()
+    db.close()
+    store = Store(path)
+    assert store.schema_version == SCHEMA_VERSION == 4
+    (run,) = store.list_runs()
+    assert run["name"] == "old" and run["tags"] == [] and run["notes"] is None
+    assert [(r["id"], r["epsilon"], r["tags"]) for r in store.deleted_runs()] == [(4, 0.9, [])]
+    assert store.add_tags(5, ["kept"]) == ["kept"]
+
+
+def test_a_read_only_schema_3_store_lists_runs_without_tags(tmp_path):
+    path = tmp_path / "runs.sqlite"
+    run_id = Store(path).create_run(RunConfig(name="older", noise_multiplier=1.0))
+    raw = sqlite3.connect(path)
+    raw.execute("drop table run_tags")
+    raw.execute("alter table runs drop column notes")
+    raw.execute("PRAGMA user_version = 3")
+    raw.commit()
+    raw.close()
+    reader = Store(path, readonly=True)
+    (run,) = reader.list_runs()
+    assert run["id"] == run_id and run["tags"] == [] and run["notes"] is None
+    assert reader.get_run(run_id)["tags"] == []

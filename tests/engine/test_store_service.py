@@ -71,8 +71,13 @@ def test_the_helper_answers_like_the_store(tmp_path):
         assert client.replay(run_id)["run"]["config"]["noise_multiplier"] == 1.0
         with pytest.raises(DPWError, match="no run with id 99"):
             client.get_run(99)
+        assert client.set_tags(run_id, ["pilot, lr 0.5"]) == ["pilot", "lr 0.5"]
+        client.set_notes(run_id, "diverged")
+        assert client.get_run(run_id)["notes"] == "diverged"
         client.remove_run(run_id)
         assert names(client.list_runs()) == ["a"]
+        [record] = client.deleted_runs()
+        assert record["id"] == run_id and record["tags"] == ["pilot", "lr 0.5"] and record["notes"] == "diverged"
     assert integrity(db) == "ok"
 
 
