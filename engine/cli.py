@@ -361,15 +361,23 @@ def list_row(run: dict[str, Any]) -> dict[str, Any]:
 @cli.command("list")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
-def list_runs(db: Path | None, as_json: bool) -> None:
-    """List the runs in the store.
+@click.option("--deleted", is_flag=True,
+              help="List what the store keeps of deleted runs (their privacy spent, tags, notes, when deleted).")
+def list_runs(db: Path | None, as_json: bool, deleted: bool) -> None:
+    """List the runs in the store, with their tags (`dpw tag`).
 
     Example: dpw list --json
     """
     store = open_store(db)
-    rows = [list_row(r) for r in store.list_runs()]
-    for r in rows:
-        r["budget"] = r.pop("epsilon_budget")
+    if deleted:
+        list_deleted(store, as_json=as_json)
+        return
+    rows = []
+    for run in store.list_runs():
+        row = list_row(run)
+        row["budget"] = row.pop("epsilon_budget")
+        row.update(tags=run.get("tags") or [], notes=run.get("notes"))
+        rows.append(row)
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
@@ -382,11 +390,34 @@ def list_runs(db: Path | None, as_json: bool) -> None:
 
     for r in rows:
         r.pop("accountant")
+        r.pop("notes")  # free text of any length: `dpw show` and --json have it
         text = f"{r['epsilon']:.4g}" if r["epsilon"] is not None else None
         if r.pop("guarantee") is False and r["mechanism"] != "none":
             text = f"{text} ({NO_GUARANTEE})" if text is not None else NO_GUARANTEE
         r["epsilon"] = text
+        r["tags"] = ", ".join(r["tags"]) or None
 
+    click.echo(tabulate(rows, headers="keys", floatfmt=".4g", missingval="-"))
+
+
+DELETED_FIELDS = ("id", "name", "mechanism", "dataset", "status", "epsilon", "delta", "accountant", "deleted",
+                  "tags", "notes")
+
+
+def list_deleted(store, *, as_json: bool) -> None:
+    """`dpw list --deleted`: the records of deleted runs; their privacy was spent on the data all the same."""
+    rows = [{k: r.get(k) for k in DELETED_FIELDS} for r in store.deleted_runs()]
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    if not rows:
+        click.echo(f"no deleted runs in {store.path}")
+        return
+    from tabulate import tabulate
+
+    for r in rows:
+        r["tags"] = ", ".join(r["tags"]) or None
+        r["deleted"] = (r["deleted"] or "")[:16].replace("T", " ") or None
     click.echo(tabulate(rows, headers="keys", floatfmt=".4g", missingval="-"))
 
 
@@ -415,6 +446,10 @@ def show(run_ref: str, db: Path | None, as_json: bool, include_teacher_stats: bo
     run_row = info["run"]
     print_summary(run_row, include_teacher_stats=include_teacher_stats)
     click.echo(f"  config hash    {run_row['config_hash']}")
+    if run_row.get("tags"):
+        click.echo(f"  tags           {', '.join(run_row['tags'])}")
+    if run_row.get("notes"):
+        click.echo(f"  notes          {run_row['notes']}")
     click.echo(f"  rows           {info['rows']}")
     for art in info["artifacts"]:
         click.echo(f"  artifact       {art['kind']}: {art['path']}")
@@ -487,6 +522,53 @@ def delete(run_refs: tuple[str, ...], db: Path | None, yes: bool) -> None:
     for run in runs:
         remove_run(store, run["id"])
         click.echo(f"deleted run {run['id']} ({run['name']})")
+
+
+@cli.command()
+@click.argument("run_ref", metavar="RUN")
+@click.argument("tags", nargs=-1, required=True, metavar="TAG...")
+@db_option
+def tag(run_ref: str, tags: tuple[str, ...], db: Path | None) -> None:
+    """Tag a run (by id or name); `dpw list` and the window's filter show them.
+
+    A tag is kept once per run; commas separate tags, as in the window's tags box.
+
+    Example: dpw tag 3 baseline "lr 0.5"
+    """
+    store = open_store(db)
+    run = store.find_run(run_ref)
+    kept = store.add_tags(run["id"], tags)
+    click.echo(f"run {run['id']} ({run['name']}) tags: {', '.join(kept) or '-'}")
+
+
+@cli.command()
+@click.argument("run_ref", metavar="RUN")
+@click.argument("tags", nargs=-1, required=True, metavar="TAG...")
+@db_option
+def untag(run_ref: str, tags: tuple[str, ...], db: Path | None) -> None:
+    """Take tags off a run (by id or name); a tag the run does not have is ignored.
+
+    Example: dpw untag 3 baseline
+    """
+    store = open_store(db)
+    run = store.find_run(run_ref)
+    kept = store.remove_tags(run["id"], tags)
+    click.echo(f"run {run['id']} ({run['name']}) tags: {', '.join(kept) or '-'}")
+
+
+@cli.command()
+@click.argument("run_ref", metavar="RUN")
+@click.argument("text")
+@db_option
+def note(run_ref: str, text: str, db: Path | None) -> None:
+    """Set a run's notes (by id or name), replacing any before; "" clears them.
+
+    Example: dpw note 3 "clipping norm too tight: retry with 1.5"
+    """
+    store = open_store(db)
+    run = store.find_run(run_ref)
+    store.set_notes(run["id"], text)
+    click.echo(f"run {run['id']} ({run['name']}) notes " + ("set" if text.strip() else "cleared"))
 
 
 TEACHER_STATS = ("teacher_accuracy", "ensemble_accuracy")
