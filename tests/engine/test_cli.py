@@ -107,7 +107,7 @@ def test_run_list_and_show_on_a_tiny_real_run(tmp_path):
     assert len(listed) == 1
     row = listed[0]
     assert set(row) == {"id", "name", "mechanism", "dataset", "status", "epsilon", "delta", "budget", "accuracy",
-                        "accountant", "guarantee"}
+                        "accountant", "guarantee", "tags", "notes"}
     assert row["accountant"] == "pld" and row["guarantee"] is True
     assert row["status"] == "finished" and row["epsilon"] > 0 and 0 <= row["accuracy"] <= 1
 
