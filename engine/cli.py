@@ -91,14 +91,36 @@ def cli() -> None:
               help="Fetch the dataset's files into the data folder if they are missing (sets allow_download; "
               "needs network).")
 @click.option("--json", "as_json", is_flag=True, help="Print the events as JSON lines instead of a progress bar.")
+@click.option("--nproc", type=int, default=1, show_default=True,
+              help="DP-SGD processes on this machine (torchrun; gloo on CPU, NCCL on GPUs): one run, one store row.")
+@click.option("--nnodes", type=int, default=1, show_default=True,
+              help="Machines taking part (torchrun --nnodes); run the same command on each.")
+@click.option("--node-rank", type=int, default=0, show_default=True,
+              help="This machine's number, 0 to nnodes-1 (torchrun --node-rank); machine 0 stores the run.")
+@click.option("--master-addr", default=None,
+              help="Address of machine 0, reachable from every machine (torchrun --master-addr).")
+@click.option("--master-port", type=int, default=None,
+              help="A free TCP port on machine 0 (torchrun --master-port; default 29500 with --master-addr).")
 def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | None, download: bool,
-        as_json: bool) -> None:
+        as_json: bool, nproc: int, nnodes: int, node_rank: int, master_addr: str | None,
+        master_port: int | None) -> None:
     """Train one run from a TOML config in a background engine process.
 
     The config is checked against its data first (files present, delta below 1/N, the model fits
     the data, ...): a config that cannot train prints one line and stores no run.
 
+    With --nproc N (DP-SGD), N processes train the run under torch.distributed.run, each
+    Poisson-sampling its shard of the data at the run's rate; the noise is added once per step,
+    by rank 0, and the privacy is the single-process run's. Across machines, run the same command
+    on every machine with --nnodes, --node-rank (0 on the machine that keeps the store),
+    --master-addr and --master-port; the other machines need the same dataset files (--data-dir).
+
     Example: dpw run resources/examples/quickstart.toml
+
+    Example: dpw run digits.toml --nproc 2
+
+    Example (machine 1 of 2): dpw run digits.toml --nproc 4 --nnodes 2 --node-rank 1
+    --master-addr 10.0.0.1 --master-port 29500
     """
     from engine.config import RunConfig
 
@@ -113,13 +135,22 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
     if download:
         changes["allow_download"] = True
     config = config.replace(**changes) if changes else config
+    from engine.distributed_launch import Launch, check_distributable
+
+    launch = Launch(nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                    master_port=master_port)
+    launch.check()
+    if launch.distributed:
+        check_distributable(config)
+    if not launch.stores_the_run:  # this machine's ranks train; machine 0 stores the run and its events
+        sys.exit(subprocess.call(launch.command(["--data-dir", config.data_dir] if config.data_dir else [])))
     from engine.precheck import check_before_storing
 
     store = open_store(db)
     store.check_writable()  # a store that cannot take the run says so before the data is loaded
     check_before_storing(config)
     run_id = store.create_run(config)
-    status = follow_runner(store.path, run_id, as_json=as_json, store=store)
+    status = follow_runner(store.path, run_id, as_json=as_json, store=store, launch=launch)
     run_row = store.get_run(run_id)
     if not as_json:
         print_summary(run_row)
@@ -173,11 +204,15 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
         click.echo("  released       nothing (no candidate finished)")
 
 
-def runner_command(db_path: Path, run_id: int) -> list[str]:
-    return [sys.executable, "-m", "engine.runner", str(run_id), "--db", str(db_path)]
+def runner_command(db_path: Path, run_id: int, launch: Any = None) -> list[str]:
+    """The runner's command line; under torchrun (engine.distributed_launch) for a `--nproc` run."""
+    args = [str(run_id), "--db", str(db_path)]
+    if launch is not None and launch.distributed:
+        return launch.command(args)
+    return [sys.executable, "-m", "engine.runner", *args]
 
 
-def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=None) -> str:
+def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=None, launch: Any = None) -> str:
     """Start the runner process and render its events until it ends; returns the final status.
     Ctrl-C, SIGTERM or SIGHUP to this process asks the runner to stop after its current step (never
     an orphan runner). With
@@ -188,7 +223,7 @@ def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=No
     # Its own process group: the terminal's Ctrl-C reaches only this process, which asks the runner to
     # stop (SIGTERM); a runner still starting never dies of it with a KeyboardInterrupt traceback.
     own_group = {"process_group": 0} if sys.platform != "win32" else {}
-    proc = subprocess.Popen(runner_command(db_path, run_id), stdout=subprocess.PIPE, text=True, bufsize=1,
+    proc = subprocess.Popen(runner_command(db_path, run_id, launch), stdout=subprocess.PIPE, text=True, bufsize=1,
                             **own_group)
     if store is not None:
         store.assign_runner(run_id, proc.pid)

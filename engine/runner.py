@@ -67,8 +67,9 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = None) -> str:
-    """Run a stored run to its end; returns its final status."""
+def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = None, data_parallel: Any = None) -> str:
+    """Run a stored run to its end; returns its final status. With `data_parallel` this is rank 0 of a
+    distributed run (engine.dpsgd.distributed): it hands the config to the other ranks."""
     stop = stop or StopFlag()
     writer = EventWriter(run_id, stream=stream, sink=store.record_event)
     emit = writer.emit
@@ -83,13 +84,15 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
     prepared = result = None
     try:
         config = RunConfig.from_dict(run["config"])
+        if data_parallel is not None:
+            data_parallel.share(config)
         emit("started", name=config.name, mechanism=config.mechanism, dataset=config.dataset,
              config=config.to_dict(), config_hash=config.config_hash())
         phase = "loading the data"
         emit("progress", phase="loading", done=0, total=1)
         from engine.runs import prepare, store_votes
 
-        prepared = prepare(config, emit=emit)
+        prepared = prepare(config, emit=emit, data_parallel=data_parallel)
         store_votes(prepared, store, run_id)
         phase = "training"
         if stop():
@@ -155,27 +158,62 @@ def threads_for(store: Store, run_id: int) -> int | None:
     return max(1, (os.cpu_count() or 1) // (others + 1))
 
 
+def serve_rank(data_parallel: Any, stop: StopFlag, *, data_dir: str | None = None) -> int:
+    """A rank other than 0 of a distributed run: train with the others on rank 0's config, never
+    touching the store (rank 0 records the run). `data_dir`: where this machine keeps the datasets."""
+    from engine.runs import prepare
+
+    try:
+        config = data_parallel.share(None)
+        if data_dir:
+            config = config.replace(data_dir=data_dir)
+        prepare(config, data_parallel=data_parallel).train(should_stop=stop)
+    except Exception as exc:  # rank 0 records the run's failure; this rank says why it ended, in one line
+        message, hint, is_bug = explain(exc)
+        print(f"error (rank {data_parallel.rank}): {message}" + (f" ({hint})" if hint else ""), file=sys.stderr)
+        if is_bug:
+            traceback.print_exc()
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.runner", description=__doc__.splitlines()[0])
-    parser.add_argument("run_id", type=int)
-    parser.add_argument("--db", required=True, help="the store file holding the queued run")
+    parser.add_argument("run_id", type=int, nargs="?", help="the queued run (rank 0; other ranks get it from rank 0)")
+    parser.add_argument("--db", help="the store file holding the queued run (rank 0 only)")
+    parser.add_argument("--data-dir", help="a distributed run's ranks other than 0: where this machine keeps "
+                        "the datasets (default: the run's data_dir)")
     args = parser.parse_args(argv)
     stop = StopFlag()
     stop.install()
+    data_parallel = None
+    if "WORLD_SIZE" in os.environ:  # started by torchrun (engine.distributed_launch)
+        from engine.dpsgd.distributed import DataParallel
+
+        data_parallel = DataParallel.from_environment()
     try:
+        if data_parallel is not None:
+            data_parallel.start()
+            if not data_parallel.reports:
+                return serve_rank(data_parallel, stop, data_dir=args.data_dir)
+        if args.run_id is None or args.db is None:
+            parser.error("RUN_ID and --db are needed (they name the queued run)")
         store = Store(args.db)
-        threads = threads_for(store, args.run_id)
+        threads = threads_for(store, args.run_id) if data_parallel is None else None
         if threads is not None:
             import torch
 
             torch.set_num_threads(threads)
-        status = execute(store, args.run_id, stream=sys.stdout, stop=stop)
+        status = execute(store, args.run_id, stream=sys.stdout, stop=stop, data_parallel=data_parallel)
     except Exception as exc:  # before the run could start: one line, never a traceback for the user's situation
         message, hint, is_bug = explain(exc, store_path=args.db)
         if is_bug:
             raise
         print(f"error: {message}" + (f" ({hint})" if hint else ""), file=sys.stderr)
         return 1
+    finally:
+        if data_parallel is not None:
+            data_parallel.stop()
     return 0 if status in ("finished", "stopped") else 1
 
 

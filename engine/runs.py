@@ -39,11 +39,25 @@ class PreparedRun:
     plan: trainer.PrivacyPlan
     device: torch.device
     emit: Emit
+    data_parallel: Any = None  # engine.dpsgd.distributed.DataParallel in a `--nproc` run
+    parameters_identical: bool | None = None  # a distributed run: every rank ended with the same weights
 
     def train(self, should_stop: Callable[[], bool] = lambda: False) -> trainer.TrainResult:
-        return trainer.train(
-            self.model, self.data, self.config, self.plan, device=self.device, emit=self.emit, should_stop=should_stop
+        parallel = self.data_parallel
+        if parallel is None:
+            return trainer.train(
+                self.model, self.data, self.config, self.plan, device=self.device, emit=self.emit,
+                should_stop=should_stop
+            )
+        parallel.broadcast_parameters(self.model)
+        result = trainer.train(
+            self.model, parallel.shard(self.data), self.config, self.plan, device=self.device, emit=self.emit,
+            should_stop=lambda: parallel.agree_to_stop(should_stop()), data_parallel=parallel,
         )
+        self.parameters_identical = len(set(parallel.parameters_digest(self.model))) == 1
+        if not self.parameters_identical:
+            self.emit("warning", message="the ranks ended with different weights; rank 0's model is saved")
+        return result
 
     def run_fields(self, result: trainer.TrainResult | None) -> dict[str, Any]:
         """Columns of the runs table that this run fills."""
@@ -90,6 +104,8 @@ class PreparedRun:
             summary["noise_multiplier"] = self.plan.noise_multiplier
         if self.plan.private:
             summary["randomness"] = randomness_summary(self.config)
+        if self.data_parallel is not None:
+            summary["distributed"] = dict(self.data_parallel.summary(), parameters_identical=self.parameters_identical)
         summary["per_class_accuracy"] = per_class_accuracy(
             trainer.predict(self.model, self.data.x_test.to(self.device)).cpu(), self.data.y_test, self.data.class_names
         )
@@ -170,12 +186,17 @@ def train_subset(data: Dataset, size: int, *, seed: int) -> Dataset:
     )
 
 
-def prepare(config: RunConfig, *, emit: Emit = _noop) -> PreparedRun:
+def prepare(config: RunConfig, *, emit: Emit = _noop, data_parallel: Any = None) -> PreparedRun:
     """Load the data, build the model and fix the privacy plan; emits a `plan` event.
 
     PATE runs (mechanism "pate") get an `engine.pate.run.PreparedPATERun`, with the same
-    train() / run_fields() / finish() interface.
+    train() / run_fields() / finish() interface. With `data_parallel` (a `--nproc` run) every rank
+    prepares the same run: the same data (checked), weights and rank 0's privacy plan.
     """
+    if data_parallel is not None:
+        from engine.distributed_launch import check_distributable
+
+        check_distributable(config)
     dp_statistics = config.normalization == "dp" and config.mechanism == "dpsgd"
     data = load_dataset(
         config.dataset,
@@ -214,6 +235,9 @@ def prepare(config: RunConfig, *, emit: Emit = _noop) -> PreparedRun:
         # The settings ask for a privacy level no noise in the supported range gives: the user's choice.
         target = "target_epsilon or delta" if config.target_attack_tpr is None else "target_attack_tpr"
         raise BudgetError(str(exc), hint=f"raise {target}, or lower epochs or expected_batch_size") from None
+    if data_parallel is not None:
+        data_parallel.check_same_data(data.fingerprint)
+        plan = data_parallel.share(plan)  # one plan for all ranks: rank 0's
     emit(
         "plan",
         model=model_name,
@@ -242,7 +266,7 @@ def prepare(config: RunConfig, *, emit: Emit = _noop) -> PreparedRun:
             message=f"the epsilon budget {config.epsilon_budget:g} allows {plan.steps_allowed} of the "
             f"{plan.steps_planned} planned steps; training will stop there",
         )
-    return PreparedRun(config, data, model_name, model, plan, device, emit)
+    return PreparedRun(config, data, model_name, model, plan, device, emit, data_parallel)
 
 
 def store_votes(prepared: Any, store: Any, run_id: int) -> None:
