@@ -112,7 +112,9 @@ class MainWindow(QMainWindow):
         self.runs_view.selectionModel().currentRowChanged.connect(self._current_changed)
         self.runs_view.selectionModel().selectionChanged.connect(lambda *_: self._selection_changed())
         self.runs_view.doubleClicked.connect(lambda _: self.tabs.setCurrentWidget(self.dashboard))
-        self.runs_panel = RunsPanel(self.runs_view, self.runs_model)
+        self.runs_panel = RunsPanel(self.runs_view, self.runs_model, load_deleted=self._deleted_runs)
+        self.runs_panel.run_notes.tags_edited.connect(self._save_tags)
+        self.runs_panel.run_notes.notes_edited.connect(self._save_notes)
         self.splitter.addWidget(self.runs_panel)
 
         self.tabs = QTabWidget()
@@ -294,7 +296,8 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"Cannot read {self.store.path}: {describe_error(exc)}", 10000)
             return
         self.runs_model.set_rows(rows)
-        self.runs_panel.config.show_run(self._listed_row(self.current_run_id))
+        self.runs_panel.show_run(self._listed_row(self.current_run_id))
+        self.runs_panel.refresh_deleted()
         if self.current_run_id is not None:
             row = self.runs_model.row_of(self.current_run_id)
             if row is None and not self.client.is_active(self.current_run_id):
@@ -352,6 +355,7 @@ class MainWindow(QMainWindow):
             self._show_run(self.runs_model.run_at(current.row())["id"])
 
     def _selection_changed(self) -> None:
+        self._update_run_actions()
         if self.tabs.currentWidget() is self.compare:
             self.compare_selected(switch=False)
 
@@ -378,7 +382,7 @@ class MainWindow(QMainWindow):
             return
         if self.dashboard.data is not data:
             self.dashboard.show_run(data)
-        self.runs_panel.config.show_run(self._listed_row(run_id))
+        self.runs_panel.show_run(self._listed_row(run_id))
         if self.tabs.currentWidget() is self.votes:
             self._show_votes(run_id)
         self._update_run_actions()
@@ -396,11 +400,36 @@ class MainWindow(QMainWindow):
         row = self._listed_row(run_id)
         elsewhere = not active and runner_pid(row) is not None  # a runner this window did not start
         self.act_stop.setEnabled(active or elsewhere or bool(self.client.active_ids()))
-        finished = row is not None and has_model(row) and not active  # a model and a guarantee to state
+        # Run actions need a run selected (a Ctrl+click that unselects it, or a filter hiding it, leaves none).
+        chosen = row is not None and bool(self.runs_view.selectionModel().selectedRows())
+        finished = chosen and has_model(row) and not active  # a model and a guarantee to state
         self.act_export.setEnabled(finished)
         self.act_report.setEnabled(finished)
-        self.act_reuse.setEnabled(run_id is not None)
+        self.act_reuse.setEnabled(chosen)
         self.act_delete.setEnabled(run_id is not None and run_id not in self.client.jobs and not elsewhere)
+
+    def _deleted_runs(self) -> list[dict[str, Any]]:
+        """What the store keeps of deleted runs, for the runs panel's "Show deleted" view."""
+        try:
+            return self.store.deleted_runs()
+        except Exception as exc:  # a locked or damaged file is reported, the window keeps going
+            self.statusBar().showMessage(f"Cannot read deleted runs: {describe_error(exc)}", 10000)
+            return []
+
+    def _save_tags(self, run_id: int, tags: list) -> None:
+        """The tags box of the runs panel lost focus with new tags: into the store, then the list."""
+        try:
+            self.store.set_tags(run_id, tags)
+        except Exception as exc:
+            self.statusBar().showMessage(f"Tags of run {run_id} not saved: {describe_error(exc)}", 15000)
+        QTimer.singleShot(0, self.refresh_runs)  # not from inside a selection change
+
+    def _save_notes(self, run_id: int, text: str) -> None:
+        try:
+            self.store.set_notes(run_id, text)
+        except Exception as exc:
+            self.statusBar().showMessage(f"Notes of run {run_id} not saved: {describe_error(exc)}", 15000)
+        QTimer.singleShot(0, self.refresh_runs)
 
     def _listed_row(self, run_id: int | None) -> dict[str, Any] | None:
         """The run's row as last listed (no store read)."""

@@ -8,13 +8,15 @@ import math
 from typing import Any
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QSortFilterProxyModel, Qt
-from PySide6.QtGui import QColor
+from PySide6.QtGui import QColor, QPalette
+from PySide6.QtWidgets import QApplication
 
 from engine.publication import NO_GUARANTEE_STATEMENT, carries_guarantee, epsilon_label, publishable_epsilon
 
 COLUMNS = (
     ("id", "#"),
     ("name", "Name"),
+    ("tags", "Tags"),
     ("mechanism", "Mechanism"),
     ("dataset", "Dataset"),
     ("status", "Status"),
@@ -30,7 +32,7 @@ COLUMNS = (
 NUMERIC = {"id", "epsilon", "delta", "epsilon_budget", "accuracy", "steps", "duration"}
 # The raw value a column sorts by (numbers as numbers, empty cells last in ascending order).
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1
-FILTERED_KEYS = ("name", "dataset", "mechanism", "status")
+FILTERED_KEYS = ("name", "dataset", "mechanism", "status", "tags")
 # "stopped": Stop in the window, Ctrl-C or SIGTERM to `dpw run`, or the window closed.
 STOP_REASONS = {"completed": "completed", "budget": "ε budget", "stopped": "stop request"}
 STATUS_COLOURS = {"failed": "#d62728", "running": "#1f77b4", "queued": "#7f7f7f", "stopped": "#ff7f0e"}
@@ -87,8 +89,13 @@ def stop_reason_label(row: dict[str, Any]) -> str:
 
 
 def has_model(row: dict[str, Any]) -> bool:
-    """Whether Export and Report apply: the run ended with a trained model (finished or stopped)."""
-    return row.get("status") in ("finished", "stopped")
+    """Whether Export and Report apply: the run ended with a trained model (finished, or stopped after
+    a private step) that may leave the store (not a withheld candidate of a private study)."""
+    if row.get("status") not in ("finished", "stopped"):
+        return False
+    if row.get("mechanism") in ("dpsgd", "pate") and not row.get("steps_done"):
+        return False  # stopped before any private step: nothing trained, no guarantee to state
+    return not publishable_epsilon(row).withheld
 
 
 def cell_value(row: dict[str, Any], key: str) -> Any:
@@ -105,7 +112,24 @@ def cell_value(row: dict[str, Any], key: str) -> Any:
         return stop_reason_label(row)
     if key == "started":
         return row.get("started") or ""
+    if key == "tags":
+        return tags_text(row)
     return row.get(key)
+
+
+def tags_text(row: dict[str, Any]) -> str:
+    """A run's tags as the list and the tags box show them: "baseline, lr 0.5"."""
+    return ", ".join(row.get("tags") or [])
+
+
+def parse_tags(text: str) -> list[str]:
+    """The tags box's text as tags (comma-separated, each once; the store cleans them the same way)."""
+    out: list[str] = []
+    for part in text.split(","):
+        tag = " ".join(part.split())
+        if tag and tag not in out:
+            out.append(tag)
+    return out
 
 
 def epsilon_tooltip(row: dict[str, Any]) -> str:
@@ -189,6 +213,8 @@ class RunsModel(QAbstractTableModel):
                 return stop_reason_label(row)
             if key == "started":
                 return _started(value)  # a run that never started has no start time
+            if key == "tags":
+                return tags_text(row)
             return "" if value is None else str(value)
         if role == Qt.ItemDataRole.ForegroundRole and key == "status" and value in STATUS_COLOURS:
             return QColor(STATUS_COLOURS[value])
@@ -200,6 +226,8 @@ class RunsModel(QAbstractTableModel):
                         else "No budget set.")
             if row.get("error"):
                 return f"{row['error']}" + (f"\n{row['error_hint']}" if row.get("error_hint") else "")
+            if row.get("notes"):
+                return f"Notes: {row['notes']}"
             return None
         if role == Qt.ItemDataRole.TextAlignmentRole and key in NUMERIC:
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
@@ -210,7 +238,7 @@ class RunsModel(QAbstractTableModel):
 
 class RunsTable(QSortFilterProxyModel):
     """The list as the view shows it: sorted (numbers as numbers) and filtered by a search text over
-    name, dataset, mechanism and status. Rows are in view order: `row_of`, `run_at` and `index` all
+    name, dataset, mechanism, status and tags. Rows are in view order: `row_of`, `run_at` and `index` all
     speak of the rows shown; `rows` is every run."""
 
     def __init__(self, parent=None):
@@ -230,7 +258,7 @@ class RunsTable(QSortFilterProxyModel):
         self.source.set_rows(rows)
 
     def set_filter_text(self, text: str) -> None:
-        """Show only runs whose name, dataset, mechanism or status contains every word of `text`."""
+        """Show only runs whose name, dataset, mechanism, status or tags contain every word of `text`."""
         self.beginFilterChange()
         self._words = text.lower().split()
         self.endFilterChange(QSortFilterProxyModel.Direction.Rows)
@@ -239,7 +267,8 @@ class RunsTable(QSortFilterProxyModel):
         if not self._words:
             return True
         row = self.source.rows[source_row]
-        haystack = " ".join(str(row.get(key) or "") for key in FILTERED_KEYS).lower()
+        haystack = " ".join(tags_text(row) if key == "tags" else str(row.get(key) or "")
+                            for key in FILTERED_KEYS).lower()
         return all(word in haystack for word in self._words)
 
     def lessThan(self, left, right) -> bool:  # noqa: N802
@@ -261,3 +290,77 @@ class RunsTable(QSortFilterProxyModel):
 
     def run_at(self, row: int) -> dict[str, Any]:
         return self.source.rows[self.mapToSource(self.index(row, 0)).row()]
+
+
+DELETED_COLUMNS = (
+    ("id", "#"),
+    ("name", "Name"),
+    ("mechanism", "Mechanism"),
+    ("dataset", "Dataset"),
+    ("status", "Status"),
+    ("epsilon", "ε"),
+    ("delta", "δ"),
+    ("accountant", "Accountant"),
+    ("deleted", "Deleted"),
+    ("tags", "Tags"),
+    ("notes", "Notes"),
+)
+
+
+class DeletedRunsModel(QAbstractTableModel):
+    """Read-only, greyed: what the store keeps of each deleted run (`Store.deleted_runs`), newest first.
+    Its epsilon is the privacy the run spent on its data, spent all the same."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.rows: list[dict[str, Any]] = []
+
+    def set_rows(self, rows: list[dict[str, Any]]) -> None:
+        rows = sorted(rows, key=lambda r: r["id"], reverse=True)
+        if rows == self.rows:
+            return
+        self.beginResetModel()
+        self.rows = rows
+        self.endResetModel()
+
+    def rowCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: N802
+        return 0 if parent.isValid() else len(self.rows)
+
+    def columnCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: N802
+        return 0 if parent.isValid() else len(DELETED_COLUMNS)
+
+    def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole):  # noqa: N802
+        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
+            return DELETED_COLUMNS[section][1]
+        return None
+
+    def flags(self, index: QModelIndex | QPersistentModelIndex) -> Qt.ItemFlag:
+        return Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable  # never editable
+
+    def data(self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.ItemDataRole.DisplayRole):
+        if not index.isValid():
+            return None
+        row = self.rows[index.row()]
+        key = DELETED_COLUMNS[index.column()][0]
+        value = row.get(key)
+        if role == Qt.ItemDataRole.DisplayRole:
+            if value is None:
+                return ""
+            if key == "epsilon":
+                return f"{value:.3g}"
+            if key == "delta":
+                return f"{value:.0e}" if value < 1e-3 else f"{value:g}"
+            if key == "deleted":
+                return _started(value)
+            if key == "tags":
+                return tags_text(row)
+            return str(value)
+        if role == Qt.ItemDataRole.ForegroundRole:
+            return QApplication.palette().color(QPalette.ColorGroup.Disabled, QPalette.ColorRole.Text)
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return (f"Run {row['id']} was deleted on {_started(row.get('deleted'))}; the store keeps this record: "
+                    "the privacy it spent on its data was spent all the same."
+                    + (f"\nNotes: {row['notes']}" if row.get("notes") else ""))
+        if role == Qt.ItemDataRole.TextAlignmentRole and key in ("id", "epsilon", "delta"):
+            return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        return None

@@ -1,0 +1,118 @@
+"""The runs list as a tracking tool: tags and notes kept in the store, the filter over tags, the records of
+deleted runs, and run actions that follow the selection."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QItemSelectionModel, Qt
+from PySide6.QtGui import QPalette
+from PySide6.QtWidgets import QApplication
+
+from engine.config import RunConfig
+from engine.store import Store
+from workbench.main_window import MainWindow
+from workbench.runs_model import COLUMNS, DELETED_COLUMNS
+
+
+def make_runs(window: MainWindow) -> dict[str, int]:
+    """Two finished runs and a failed one, written through the window's store helper."""
+    made = {}
+    for name, dataset, status, epsilon in (("alpha", "digits", "finished", 2.5), ("beta", "mnist", "finished", 1.2),
+                                           ("gamma", "digits", "failed", None)):
+        run_id = window.store.create_run(RunConfig(name=name, dataset=dataset, noise_multiplier=1.0, delta=1e-5,
+                                                   reproducible_noise=False))
+        window.store.update_run(run_id, status=status, epsilon=epsilon, delta=1e-5, accountant="pld",
+                                accuracy=None if epsilon is None else 0.9, steps_done=0 if epsilon is None else 40,
+                                steps_planned=40)
+        made[name] = run_id
+    window.refresh_runs()
+    return made
+
+
+def shown_names(window: MainWindow) -> list[str]:
+    return [window.runs_model.run_at(r)["name"] for r in range(window.runs_model.rowCount())]
+
+
+def edit_tags(window: MainWindow, qtbot, text: str) -> None:
+    box = window.runs_panel.run_notes.tags
+    box.setFocus()
+    box.selectAll()
+    qtbot.keyClicks(box, text)
+    qtbot.keyClick(box, Qt.Key.Key_Return)  # editing finished: saved
+
+
+def test_tags_and_notes_are_saved_on_edit_finish_and_survive_a_reopen(window, qtbot, db_path):
+    made = make_runs(window)
+    window.select_run(made["alpha"])
+    edit_tags(window, qtbot, "baseline,  lr 0.5")
+    notes = window.runs_panel.run_notes.notes
+    notes.setFocus()
+    qtbot.keyClicks(notes, "clipping looks too tight")
+    window.runs_view.setFocus()  # leaving the box ends the edit
+    qtbot.waitUntil(lambda: Store(db_path, readonly=True).get_run(made["alpha"])["notes"]
+                    == "clipping looks too tight", timeout=10000)
+    assert Store(db_path, readonly=True).get_run(made["alpha"])["tags"] == ["baseline", "lr 0.5"]
+    qtbot.waitUntil(lambda: window.runs_model.index(window.runs_model.row_of(made["alpha"]),
+                                                    [k for k, _ in COLUMNS].index("tags")).data()
+                    == "baseline, lr 0.5", timeout=5000)
+    window.select_run(made["beta"])
+    assert window.runs_panel.run_notes.tags.text() == "" and notes.toPlainText() == ""
+
+    window.close()
+    again = MainWindow(db_path, probe=False)
+    qtbot.addWidget(again)
+    try:
+        again.select_run(made["alpha"])
+        assert again.runs_panel.run_notes.tags.text() == "baseline, lr 0.5"
+        assert again.runs_panel.run_notes.notes.toPlainText() == "clipping looks too tight"
+    finally:
+        again.client.shutdown(timeout_ms=10000)
+        again.close()
+
+
+def test_the_filter_box_matches_tags(window, qtbot):
+    made = make_runs(window)
+    window.store.set_tags(made["beta"], ["sweep-7", "final"])
+    window.store.set_tags(made["gamma"], ["sweep-7"])
+    window.refresh_runs()
+    window.runs_panel.search.setText("sweep-7")
+    assert sorted(shown_names(window)) == ["beta", "gamma"]
+    window.runs_panel.search.setText("sweep-7 final")
+    assert shown_names(window) == ["beta"]
+    window.runs_panel.search.setText("final digits")
+    assert shown_names(window) == []
+
+
+def test_the_deleted_view_lists_a_deleted_run_with_its_epsilon_greyed_and_read_only(window, qtbot, db_path):
+    made = make_runs(window)
+    window.store.set_tags(made["alpha"], ["pilot"])
+    window.select_runs([made["alpha"]])
+    assert window.delete_selected(confirm=False) == [made["alpha"]]
+    panel = window.runs_panel
+    assert not panel.deleted_box.isVisible()
+    panel.show_deleted.setChecked(True)
+    assert panel.deleted_box.isVisible()
+    model = panel.deleted_model
+    assert model.rowCount() == 1
+    cells = {key: model.index(0, i).data() for i, (key, _) in enumerate(DELETED_COLUMNS)}
+    assert cells["id"] == str(made["alpha"]) and cells["name"] == "alpha"
+    assert cells["epsilon"] == "2.5" and cells["delta"] == "1e-05" and cells["accountant"] == "pld"
+    assert cells["tags"] == "pilot" and cells["deleted"].startswith("20")
+    grey = QApplication.palette().color(QPalette.ColorGroup.Disabled, QPalette.ColorRole.Text)
+    assert model.index(0, 1).data(Qt.ItemDataRole.ForegroundRole) == grey
+    assert not model.flags(model.index(0, 1)) & Qt.ItemFlag.ItemIsEditable
+    assert "1 deleted run" in panel.deleted_label.text()
+    assert window.runs_model.row_of(made["alpha"]) is None  # not among the runs
+
+
+def test_run_actions_need_a_selected_run_with_a_model(window, qtbot):
+    made = make_runs(window)
+    assert not window.act_reuse.isEnabled() and not window.act_export.isEnabled()
+    window.select_run(made["beta"])
+    assert window.act_reuse.isEnabled() and window.act_export.isEnabled() and window.act_report.isEnabled()
+    row = window.runs_model.row_of(made["beta"])
+    window.runs_view.selectionModel().select(window.runs_model.index(row, 0),
+                                             QItemSelectionModel.SelectionFlag.Deselect
+                                             | QItemSelectionModel.SelectionFlag.Rows)  # Ctrl+click
+    assert not window.act_reuse.isEnabled() and not window.act_export.isEnabled()
+    window.select_run(made["gamma"])  # failed: nothing to export or report
+    assert window.act_reuse.isEnabled() and not window.act_export.isEnabled() and not window.act_report.isEnabled()
