@@ -56,7 +56,6 @@ def create_app(argv: list[str] | None = None):
 
 def main(db_path: str | Path | None = None, argv: list[str] | None = None) -> int:
     """Open the window over `db_path` (None: the default store); returns the exit code."""
-    from engine.errors import DPWError
     from engine.store import default_db_path
 
     problem = qt_binding_problem()
@@ -67,15 +66,14 @@ def main(db_path: str | Path | None = None, argv: list[str] | None = None) -> in
         print(f"error: {no_display}", file=sys.stderr)
         return 2
     app = create_app(argv)
-    from PySide6.QtWidgets import QMessageBox
-
     from workbench.main_window import MainWindow
+    from workbench.store_problem import open_window_over
 
     path = Path(db_path) if db_path is not None else default_db_path()
-    try:
-        window = MainWindow(path)
-    except DPWError as exc:
-        QMessageBox.critical(None, "DP Workbench", exc.message + (f"\n\n{exc.hint}" if exc.hint else ""))
+    # A store that cannot be used (empty, another application's, not SQLite, damaged) gets a dialog
+    # naming the file and offering another store, a new one elsewhere, or quitting.
+    window = open_window_over(path, MainWindow)
+    if window is None:
         return 1
     window.show()
     # Ctrl-C in the terminal (or SIGTERM) closes the window as the user would: runs are stopped

@@ -136,7 +136,10 @@ class _Job(QRunnable):
             text = estimate(self.config, self.size)
         except Exception as exc:  # the preview never takes the window down
             text = f"No estimate: {exc}"
-        self.signals.done.emit(self.generation, text)
+        try:
+            self.signals.done.emit(self.generation, text)
+        except RuntimeError:  # the form was deleted meanwhile (a window that never opened): nobody to tell
+            pass
 
 
 class CostPreview(QObject):
