@@ -25,6 +25,7 @@ MECHANISMS = ("dpsgd", "pate", "none")
 PATE_AGGREGATORS = ("confident", "gnmax", "lnmax")
 PATE_BUDGET_ON = ("data-independent", "data-dependent")
 RELEASE_PARAMETERS = ("data-independent", "data-dependent")
+TEACHERS_BACKENDS = ("local", "ray")  # engine.pate.ray_backend
 # The noise settings each PATE aggregator uses (the others are ignored for that aggregator).
 AGGREGATOR_FIELDS = {
     "lnmax": ("laplace_scale",),
@@ -357,6 +358,17 @@ class RunConfig:
         group="pate",
     )
     aggregator: str = _spec(
+    teachers_backend: str = _spec(
+        "local", label="Teachers on", help="local: the teachers train in the run's own process. ray: teacher "
+        "groups train as Ray tasks (pip install 'dp-workbench[cluster]'), on ray_address or a Ray started on this "
+        "machine; the same seed gives the same teachers either way, and the aggregation noise is drawn here only.",
+        kind=str, choices=TEACHERS_BACKENDS, mechanisms=("pate",), group="pate",
+    )
+    ray_address: str | None = _spec(
+        None, label="Ray address", help="An existing Ray cluster for teachers_backend = 'ray' (e.g. "
+        "'ray://head:10001' or 'auto'). Unset: a Ray is started on this machine for the run.", kind=str,
+        optional=True, mechanisms=("pate",), group="pate",
+    )
         "confident", label="Aggregator", help="How the teachers' votes are released. lnmax: Laplace noise "
         "on each count (2017); gnmax: Gaussian noise (2018); confident: answer only when the top count "
         "plus Gaussian noise (sigma1) reaches the threshold, then GNMax with sigma2 (2018).", kind=str,
@@ -530,6 +542,8 @@ class RunConfig:
                 hint="a delta of 1/N or more allows releasing one person's example outright; "
                 "use a delta well below 1/N, e.g. " + f"{10 ** math.floor(math.log10(0.1 / num_train)):g}",
             )
+        for where in ("teachers_backend", "ray_address"):  # where teachers train, not what they become
+            values.pop(where)
         if self.mechanism == "pate":
             self._check_pate_against_dataset(num_train, num_test)
             return
