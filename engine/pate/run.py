@@ -25,6 +25,7 @@ Store note: the `votes` table holds the teachers' raw vote counts, which are NOT
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -42,6 +43,7 @@ from engine.dpsgd.trainer import resolve_device
 from engine.errors import ConfigError, DataError
 from engine.models import build_model, default_model_for
 from engine.pate import aggregation
+from engine.pate.ray_backend import RaySession, RayTeachers, train_teachers_on_ray
 from engine.pate.shards import partition
 from engine.pate.student import StudentResult, train_student
 from engine.pate.teachers import Teachers, build_teachers, train_teachers, vote_counts
@@ -138,10 +140,17 @@ class PreparedPATERun:
     # ---- training ------------------------------------------------------------------------------
     def train(self, should_stop: Callable[[], bool] = lambda: False) -> PATEResult:
         t0 = time.monotonic()
-        config, emit = self.config, self.emit
         result = PATEResult(stop_reason="completed", seconds=0.0)
-
         teachers = self._train_teachers(should_stop)
+        try:
+            return self._use_teachers(teachers, result, t0, should_stop)
+        finally:
+            teachers.close()
+
+    def _use_teachers(self, teachers: Teachers | RayTeachers, result: PATEResult, t0: float,
+                      should_stop: Callable[[], bool]) -> PATEResult:
+        """Votes, answers and the student, from trained teachers (closed by the caller)."""
+        config, emit = self.config, self.emit
         result.teacher_seconds = teachers.seconds
         if teachers.epochs_done < config.teacher_epochs or teachers.num_teachers < config.num_teachers:
             result.stop_reason = "stopped"
@@ -191,7 +200,7 @@ class PreparedPATERun:
         result.seconds = time.monotonic() - t0
         return result
 
-    def _train_teachers(self, should_stop: Callable[[], bool]) -> Teachers:
+    def _train_teachers(self, should_stop: Callable[[], bool]) -> Teachers | RayTeachers:
         config, emit, data = self.config, self.emit, self.data
         shards = partition(data.num_train, config.num_teachers, seed=_seed(config, 1))
         models = build_teachers(self.teacher_model_name, input_shape=data.input_shape,
@@ -211,20 +220,17 @@ class PreparedPATERun:
                 emit("progress", phase="teachers", done=done, total=total)
                 last[0] = now
 
-        return train_teachers(
-            models,
-            data.x_train,
-            data.y_train,
-            shards,
-            epochs=config.teacher_epochs,
-            batch_size=config.teacher_batch_size,
-            make_optimizer=lambda params: make_optimizer(config, params),
-            seed=_seed(config, 3),
-            device=self.device,
-            on_epoch=on_epoch,
-            should_stop=should_stop,
-            model_name=self.teacher_model_name,
-        )
+        common = dict(epochs=config.teacher_epochs, batch_size=config.teacher_batch_size,
+                      make_optimizer=functools.partial(make_optimizer, config), seed=_seed(config, 3),
+                      on_epoch=on_epoch, should_stop=should_stop, model_name=self.teacher_model_name)
+        if config.teachers_backend == "ray":
+            session = RaySession(config.ray_address)
+            try:
+                return train_teachers_on_ray(models, data.x_train, data.y_train, shards, session=session, **common)
+            except BaseException:
+                session.close()
+                raise
+        return train_teachers(models, data.x_train, data.y_train, shards, device=self.device, **common)
 
     def _report_teachers(self, holdout_pred: torch.Tensor) -> tuple[np.ndarray, float]:
         emit = self.emit

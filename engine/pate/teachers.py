@@ -97,6 +97,9 @@ class Teachers:
             out.append(torch.cat(parts, dim=1))
         return torch.cat(out, dim=0)
 
+    def close(self) -> None:
+        """Nothing to release for teachers in this process (engine.pate.ray_backend's need it)."""
+
     def member_state_dict(self, k: int) -> dict[str, torch.Tensor]:
         for group in self.groups:
             if k < group.num_members:
@@ -128,13 +131,10 @@ def train_teachers(
     group_size: int | None = None,
     model_name: str = "",
 ) -> Teachers:
-    """Train teacher k on shard k, all teachers of a group in one stacked ensemble.
-
-    Every epoch each teacher visits its shard in a fresh random order (seeded) in mini-batches of
-    `batch_size`; the loss of teacher k is the mean over its own batch (the last, shorter batch of an
-    epoch is masked), and one optimizer step updates all teachers. Stops early (returning what was
-    trained) when `should_stop()` turns true between steps.
-    """
+    """Train teacher k on shard k, all teachers of a group in one stacked ensemble (`train_group`),
+    one group after the other in this process. Stops early (returning what was trained) when
+    `should_stop()` turns true between steps. engine.pate.ray_backend trains the same groups as Ray
+    tasks and gets the same teachers."""
     if len(models) != len(shards):
         raise ValueError(f"{len(models)} models for {len(shards)} shards")
     t0 = time.monotonic()
@@ -145,52 +145,109 @@ def train_teachers(
     groups: list[StackedEnsemble] = []
     losses = np.zeros(epochs)
     epochs_done = epochs
-    x, y = x.to(device), y.to(device)
-    generator = torch.Generator(device="cpu").manual_seed(int(np.random.SeedSequence([seed, 0xBA7C]).generate_state(1)[0]))
     for start in starts:
-        members = list(models[start : start + size])
         index, lengths = shard_matrix(list(shards[start : start + size]))
-        ensemble = StackedEnsemble(members, vectorize=vectorize).to(device).train()
-        optimizer = make_optimizer(list(ensemble.parameters()))
-        k = len(members)
-        index_t = torch.as_tensor(index, device=device)
-        lengths_t = torch.as_tensor(lengths, device=device)
-        xs, ys = x[index_t], y[index_t]  # (k, max_len, ...)
-        rows = torch.arange(k, device=device)[:, None]
-        max_len = index.shape[1]
-        for epoch in range(epochs):
-            keys = torch.rand(k, max_len, generator=generator).to(device)
-            keys[torch.arange(max_len, device=device)[None, :] >= lengths_t[:, None]] = 2.0  # padding last
-            order = keys.argsort(dim=1)
-            loss_sum = 0.0
-            for s in range(0, max_len, batch_size):
-                if should_stop():
-                    epochs_done = min(epochs_done, epoch)
-                    groups.append(ensemble)
-                    return _finish(groups, x, shards, t0, epochs_done, losses[:epochs_done] / len(models), model_name)
-                idx = order[:, s : s + batch_size]
-                mask = (s + torch.arange(idx.shape[1], device=device))[None, :] < lengths_t[:, None]
-                logits = ensemble(xs[rows, idx])
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ys[rows, idx].reshape(-1),
-                                       reduction="none").view(k, -1)
-                per_teacher = (loss * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
-                optimizer.zero_grad(set_to_none=True)
-                per_teacher.sum().backward()
-                optimizer.step()
-                loss_sum += float(per_teacher.detach().sum())
-            steps = math.ceil(max_len / batch_size)
-            losses[epoch] += loss_sum / steps
+        xs, ys = gather_shards(x, y, index)
+
+        def on_group_epoch(epoch: int, loss_sum: float, k: int = len(index)) -> None:
+            nonlocal done
+            losses[epoch] += loss_sum
             done += 1
             if on_epoch is not None:
-                on_epoch(done, total, loss_sum / steps / k)
-        groups.append(ensemble)
+                on_epoch(done, total, loss_sum / k)
+
+        group = train_group(list(models[start : start + size]), xs, ys, lengths, first_teacher=start, epochs=epochs,
+                            batch_size=batch_size, make_optimizer=make_optimizer, seed=seed, device=device,
+                            on_epoch=on_group_epoch, should_stop=should_stop, vectorize=vectorize)
+        groups.append(group.ensemble)
+        if group.epochs_done < epochs:
+            epochs_done = group.epochs_done
+            return _finish(groups, x, shards, t0, epochs_done, losses[:epochs_done] / len(models), model_name)
     return _finish(groups, x, shards, t0, epochs_done, losses / len(models), model_name)
+
+
+def gather_shards(x: torch.Tensor, y: torch.Tensor, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """One group's shards as (teachers, max_len, ...) inputs and (teachers, max_len) labels."""
+    index_t = torch.as_tensor(index)
+    return x[index_t], y[index_t]
+
+
+@dataclass
+class TrainedGroup:
+    """One stacked group after `train_group`: the ensemble, its summed loss per epoch, epochs done."""
+
+    ensemble: StackedEnsemble
+    loss_sums: list[float]  # per epoch: the sum over the group's teachers of their mean batch loss
+    epochs_done: int
+
+
+def group_generator(seed: int, first_teacher: int) -> torch.Generator:
+    """The shuffling generator of the group whose first teacher is `first_teacher`: a function of
+    (seed, first_teacher) only, so a group trains the same wherever and in whatever order it runs."""
+    state = np.random.SeedSequence([seed, 0xBA7C, first_teacher]).generate_state(1)[0]
+    return torch.Generator(device="cpu").manual_seed(int(state))
+
+
+def train_group(
+    members: Sequence[nn.Module],
+    xs: torch.Tensor,
+    ys: torch.Tensor,
+    lengths: np.ndarray,
+    *,
+    first_teacher: int,
+    epochs: int,
+    batch_size: int,
+    make_optimizer: MakeOptimizer,
+    seed: int,
+    device: torch.device = torch.device("cpu"),
+    on_epoch: Callable[[int, float], None] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    vectorize: str = "auto",
+) -> TrainedGroup:
+    """Train one group of teachers as a stacked ensemble on their shards `xs`, `ys` (padded to
+    (k, max_len, ...); positions >= lengths[k] are padding).
+
+    Every epoch each teacher visits its shard in a fresh random order (`group_generator`) in
+    mini-batches of `batch_size`; the loss of teacher k is the mean over its own batch (the last,
+    shorter batch of an epoch is masked), and one optimizer step updates all teachers.
+    `on_epoch(epoch, loss_sum)` after each epoch; stops between steps when `should_stop()` is true.
+    """
+    generator = group_generator(seed, first_teacher)
+    ensemble = StackedEnsemble(list(members), vectorize=vectorize).to(device).train()
+    optimizer = make_optimizer(list(ensemble.parameters()))
+    k, max_len = xs.shape[0], xs.shape[1]
+    xs, ys = xs.to(device), ys.to(device)
+    lengths_t = torch.as_tensor(lengths, device=device)
+    rows = torch.arange(k, device=device)[:, None]
+    loss_sums: list[float] = []
+    for epoch in range(epochs):
+        keys = torch.rand(k, max_len, generator=generator).to(device)
+        keys[torch.arange(max_len, device=device)[None, :] >= lengths_t[:, None]] = 2.0  # padding last
+        order = keys.argsort(dim=1)
+        loss_sum = 0.0
+        for s in range(0, max_len, batch_size):
+            if should_stop():
+                return TrainedGroup(ensemble, loss_sums, epoch)
+            idx = order[:, s : s + batch_size]
+            mask = (s + torch.arange(idx.shape[1], device=device))[None, :] < lengths_t[:, None]
+            logits = ensemble(xs[rows, idx])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ys[rows, idx].reshape(-1),
+                                   reduction="none").view(k, -1)
+            per_teacher = (loss * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+            optimizer.zero_grad(set_to_none=True)
+            per_teacher.sum().backward()
+            optimizer.step()
+            loss_sum += float(per_teacher.detach().sum())
+        loss_sums.append(loss_sum / math.ceil(max_len / batch_size))
+        if on_epoch is not None:
+            on_epoch(epoch, loss_sums[-1])
+    return TrainedGroup(ensemble, loss_sums, epochs)
 
 
 def _finish(groups: list[StackedEnsemble], x: torch.Tensor, shards, t0: float, epochs_done: int,
             losses: np.ndarray, model_name: str) -> Teachers:
     with torch.no_grad():
-        num_classes = int(groups[0].forward_shared(x[:1]).shape[-1])
+        num_classes = int(groups[0].forward_shared(x[:1].to(next(groups[0].parameters()).device)).shape[-1])
     activation = largest_activation(groups[0].member_module(0), tuple(x.shape[1:]))
     return Teachers(
         groups=groups,
