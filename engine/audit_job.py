@@ -5,7 +5,8 @@ window starts it, so the window never waits on torch or the data) and stores the
 summary under `membership_audit`, so it is computed once per run. Output: JSON lines,
     {"type": "progress", "phase": "auditing"}
     {"type": "result", "audit": {...}}            the stored object (stored_audit)
-    {"type": "error", "message": ..., "hint": ...}  a one-line user error (data files gone, no model)
+    {"type": "error", "kind": ..., "message": ..., "hint": ...}  a one-line user error; kind "DataError":
+                                                   the run's data files are gone or changed
 The result is computed from private data: it stays in the local store and is shown locally; a
 report carries it only when asked (`dpw report --include-audit`).
 """
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
         body = audit_and_store(Store(args.db), args.run, data_dir=args.data_dir)
     except DPWError as exc:
-        say({"type": "error", "message": exc.message, "hint": exc.hint})
+        say({"type": "error", "kind": type(exc).__name__, "message": exc.message, "hint": exc.hint})
         return 1
     say({"type": "result", "audit": body})
     return 0

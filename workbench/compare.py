@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.publication import NO_GUARANTEE, carries_guarantee, publishable_epsilon
+from workbench.audit_view import TheorySource, TradeoffOverlay
 from workbench.plots import Plot, colour, palette_colours, set_curve
 from workbench.run_data import RunData
 
@@ -60,7 +61,7 @@ def differing_keys(configs: list[dict[str, Any]]) -> set[str]:
 
 
 class CompareView(QWidget):
-    def __init__(self, parent: QWidget | None = None):
+    def __init__(self, parent: QWidget | None = None, theory: TheorySource | None = None):
         super().__init__(parent)
         layout = QVBoxLayout(self)
         self.hint = QLabel("Select two or more runs in the runs list (Ctrl+click), then Compare (Ctrl+K).")
@@ -77,7 +78,9 @@ class CompareView(QWidget):
         grid.addWidget(self.tradeoff, 0, 0, 2, 1)
         grid.addWidget(self.acc_steps, 0, 1)
         grid.addWidget(self.eps_steps, 1, 1)
-        grid.addWidget(self.scatter_plot, 0, 2, 2, 1)
+        self.membership = TradeoffOverlay(theory)  # the Audit tab's curves, one colour per run as here
+        grid.addWidget(self.scatter_plot, 0, 2)
+        grid.addWidget(self.membership, 1, 2)
         grid.setColumnStretch(0, 3)
         grid.setColumnStretch(1, 2)
         grid.setColumnStretch(2, 2)
@@ -108,6 +111,7 @@ class CompareView(QWidget):
             if eps_series is not None:
                 set_curve(self.eps_steps.curve(label, index), eps_series.x, eps_series.y)
         self._scatter(all_rows, {run_id: index for index, run_id in enumerate(self.run_ids)})
+        self.membership.show_runs([row for row, _ in runs])
         self._config_table([row for row, _ in runs])
         for plot in (self.tradeoff, self.acc_steps, self.eps_steps, self.scatter_plot):
             plot.fit_to_data()

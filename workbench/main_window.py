@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 
 from engine.config import RunConfig
 from engine.errors import DPWError
+from workbench.audit_view import AuditView, TheorySource
 from workbench.compare import CompareView
 from workbench.dashboard import Dashboard
 from workbench.closing import CANCEL, KEEP, ask_before_closing, runner_pid, stop_runner
@@ -122,12 +123,17 @@ class MainWindow(QMainWindow):
         self.form = SetupForm()
         self.form.start_requested.connect(self.start_run)
         self.dashboard = Dashboard()
-        self.compare = CompareView()
+        self.theory = TheorySource(self)  # attack figures of the guarantee, computed off this thread
+        self.audit = AuditView(self.store.path, self.theory)
+        self.audit.environment = self.client.environment  # the runners' variables (data folder)
+        self.audit.stored.connect(self._on_audit_stored)
+        self.compare = CompareView(theory=self.theory)
         from workbench.votes_view import VotesView
 
         self.votes = VotesView()
         self.tabs.addTab(self.form, "Setup")
         self.tabs.addTab(self.dashboard, "Dashboard")
+        self.tabs.addTab(self.audit, "Audit")
         self.tabs.addTab(self.compare, "Compare")
         self.tabs.addTab(self.votes, "PATE votes")
         self.tabs.currentChanged.connect(self._tab_changed)
@@ -261,6 +267,7 @@ class MainWindow(QMainWindow):
         if self.client.active_ids():
             self.statusBar().showMessage("Stopping runs…")
         self.client.shutdown()
+        self.audit.shutdown()
         self.list_timer.stop()
         self.dashboard.timer.stop()
         if self.probe.process.state() != self.probe.process.ProcessState.NotRunning:
@@ -298,6 +305,8 @@ class MainWindow(QMainWindow):
         self.runs_model.set_rows(rows)
         self.runs_panel.show_run(self._listed_row(self.current_run_id))
         self.runs_panel.refresh_deleted()
+        if self.tabs.currentWidget() is self.audit:
+            self.audit.show_run(self._listed_row(self.current_run_id))  # redraws only when the row changed
         if self.current_run_id is not None:
             row = self.runs_model.row_of(self.current_run_id)
             if row is None and not self.client.is_active(self.current_run_id):
@@ -364,6 +373,8 @@ class MainWindow(QMainWindow):
             self.compare_selected(switch=False)
         elif self.tabs.currentWidget() is self.votes and self.current_run_id is not None:
             self._show_votes(self.current_run_id)
+        elif self.tabs.currentWidget() is self.audit:
+            self.audit.show_run(self._listed_row(self.current_run_id))
 
     def data_for(self, run_id: int) -> RunData:
         """The run's curves: live ones while the window follows it, else replayed from the store."""
@@ -385,6 +396,8 @@ class MainWindow(QMainWindow):
         self.runs_panel.show_run(self._listed_row(run_id))
         if self.tabs.currentWidget() is self.votes:
             self._show_votes(run_id)
+        elif self.tabs.currentWidget() is self.audit:
+            self.audit.show_run(self._listed_row(run_id))
         self._update_run_actions()
 
     def _show_votes(self, run_id: int) -> None:
@@ -570,6 +583,14 @@ class MainWindow(QMainWindow):
                 self.votes_timer.start()
         if refresh:
             self.refresh_runs()
+
+    def _on_audit_stored(self, run_id: int) -> None:
+        """An audit was kept in the run's summary: re-read the list so every view sees it."""
+        self.refresh_runs()
+        if run_id == self.current_run_id and self.tabs.currentWidget() is self.audit:
+            self.audit.show_run(self._listed_row(run_id))
+        if self.tabs.currentWidget() is self.compare:
+            self.compare_selected(switch=False)
 
     def _refresh_live_votes(self) -> None:
         if self.current_run_id is not None and self.tabs.currentWidget() is self.votes:
