@@ -35,8 +35,19 @@ def as_store_problem(path: Path, exc: BaseException) -> DPWError:
     """Any failure to open the window over `path` as one line for a person."""
     if isinstance(exc, DPWError):
         return exc
+    detail = str(exc).removeprefix(f"{getattr(exc, 'kind', '')}: ")  # a RemoteError names its type first
+    if "malformed" in detail or "not a database" in detail:
+        return DPWError(f"{path} is damaged (SQLite: {detail})",
+                        hint=f"copy what can be read into a new store: sqlite3 {path} \".recover\" | sqlite3 "
+                             "recovered.sqlite, then open recovered.sqlite")
     return DPWError(f"cannot read {path}: {type(exc).__name__}: {exc}",
                     hint="the file may be damaged; DP Workbench leaves it unchanged")
+
+
+def read_runs(window: object) -> None:
+    """Read the runs list once through the window's store helper: a store whose header opens but
+    whose runs table is damaged fails here, before the window is shown."""
+    window.store.list_runs()
 
 
 def ask_what_to_do(path: Path, problem: DPWError) -> str:
@@ -76,16 +87,22 @@ def choose_store(path: Path, choice: str) -> Path | None:
 
 def open_window_over(path: Path, make_window: Callable[[Path], object], *,
                      ask: Callable[[Path, DPWError], str] = ask_what_to_do,
-                     choose: Callable[[Path, str], Path | None] = choose_store) -> object | None:
+                     choose: Callable[[Path, str], Path | None] = choose_store,
+                     check: Callable[[object], None] = read_runs) -> object | None:
     """`make_window(path)`, asking for another store as long as the one given cannot be used; None
     when the user quits."""
     while True:
         problem = empty_file_problem(path)
         if problem is None:
+            window = None
             try:
-                return make_window(path)
+                window = make_window(path)
+                check(window)
+                return window
             except Exception as exc:  # the store's refusal (or any failure reading it): a dialog
                 problem = as_store_problem(path, exc)
+                if window is not None:
+                    window.close()
         while True:
             choice = ask(path, problem)
             if choice == QUIT:

@@ -45,11 +45,27 @@ def _damaged(path: Path) -> Path:
     return path
 
 
+def _damaged_runs_table(path: Path) -> Path:
+    store = Store(path)
+    for i in range(20):
+        store.create_run(RunConfig(name=f"run-{i}", dataset="digits", noise_multiplier=1.0))
+    store.close()
+    conn = sqlite3.connect(path)
+    (root,) = conn.execute("select rootpage from sqlite_master where name = 'runs'").fetchone()
+    (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+    conn.close()
+    data = bytearray(path.read_bytes())
+    data[(root - 1) * page_size:root * page_size] = b"\xab" * page_size  # the header opens; the runs do not
+    path.write_bytes(bytes(data))
+    return path
+
+
 CASES = {
     "empty": (_empty, "empty file (0 bytes)"),
     "foreign": (_foreign, "another application's SQLite database (tables: contacts)"),
     "not-sqlite": (_text, "not an SQLite database file"),
     "damaged": (_damaged, "is damaged"),
+    "damaged-runs-table": (_damaged_runs_table, "is damaged (SQLite: database disk image is malformed)"),
 }
 
 
