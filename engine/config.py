@@ -357,7 +357,6 @@ class RunConfig:
         "step together.", kind=int, minimum=1, maximum=100_000, unit="examples", mechanisms=("pate",),
         group="pate",
     )
-    aggregator: str = _spec(
     teachers_backend: str = _spec(
         "local", label="Teachers on", help="local: the teachers train in the run's own process. ray: teacher "
         "groups train as Ray tasks (pip install 'dp-workbench[cluster]'), on ray_address or a Ray started on this "
@@ -369,6 +368,7 @@ class RunConfig:
         "'ray://head:10001' or 'auto'). Unset: a Ray is started on this machine for the run.", kind=str,
         optional=True, mechanisms=("pate",), group="pate",
     )
+    aggregator: str = _spec(
         "confident", label="Aggregator", help="How the teachers' votes are released. lnmax: Laplace noise "
         "on each count (2017); gnmax: Gaussian noise (2018); confident: answer only when the top count "
         "plus Gaussian noise (sigma1) reaches the threshold, then GNMax with sigma2 (2018).", kind=str,
@@ -528,6 +528,8 @@ class RunConfig:
         """Stable hash of everything that determines the run's result (not its name)."""
         values = self.to_dict()
         values.pop("name")
+        for where in ("teachers_backend", "ray_address"):  # where teachers train, not what they become
+            values.pop(where)
         canonical = json.dumps(values, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -542,8 +544,6 @@ class RunConfig:
                 hint="a delta of 1/N or more allows releasing one person's example outright; "
                 "use a delta well below 1/N, e.g. " + f"{10 ** math.floor(math.log10(0.1 / num_train)):g}",
             )
-        for where in ("teachers_backend", "ray_address"):  # where teachers train, not what they become
-            values.pop(where)
         if self.mechanism == "pate":
             self._check_pate_against_dataset(num_train, num_test)
             return
