@@ -7,11 +7,13 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
+    QCheckBox,
     QFrame,
     QGridLayout,
     QHBoxLayout,
     QLabel,
     QProgressBar,
+    QSlider,
     QStackedWidget,
     QVBoxLayout,
     QWidget,
@@ -23,10 +25,13 @@ from workbench.plots import Plot, accountant_colour, set_curve
 from workbench.progress import progress, seconds_left
 from workbench.run_data import RunData
 from workbench.runs_model import format_duration
+from workbench.settings import Settings
 
 # Events are batched between frames, never drawn one by one. Each tick redraws one plot whose run
 # changed: 30 Hz over the three DP-SGD plots is 10 Hz each, and a frame never repaints them all.
 REDRAW_MS = 33
+SMOOTHING_KEY = "dashboard/smoothing"  # {"on": bool, "weight": float}, remembered between sessions
+DEFAULT_SMOOTHING = 0.6
 
 PHASES = {
     "loading": "Loading data",
@@ -109,6 +114,7 @@ class Dashboard(QWidget):
         bar.addWidget(self.phase_label)
         bar.addWidget(self.progress, 1)
         bar.addWidget(self.time_left)
+        self._build_smoothing(bar)
         layout.addLayout(bar)
         self.messages = MessagePanel()
         layout.addWidget(self.messages)
@@ -116,10 +122,50 @@ class Dashboard(QWidget):
         layout.addWidget(self.pages, 1)
         self._build_dpsgd_page()
         self._build_pate_page()
+        self.loss_plot.set_smoothing(self.smoothing)
         self.timer = QTimer(self)
         self.timer.setInterval(REDRAW_MS)
         self.timer.timeout.connect(self._tick)
         self.timer.start()
+
+    # ---- smoothing -----------------------------------------------------------------------------
+    def _build_smoothing(self, bar: QHBoxLayout) -> None:
+        """A checkbox and an EMA weight slider for the noisy training curves, remembered in settings."""
+        saved = Settings().json(SMOOTHING_KEY, {})
+        saved = saved if isinstance(saved, dict) else {}
+        weight = saved.get("weight", DEFAULT_SMOOTHING)
+        weight = float(weight) if isinstance(weight, (int, float)) and 0 < weight < 1 else DEFAULT_SMOOTHING
+        self.smooth_box = QCheckBox("Smooth")
+        self.smooth_box.setObjectName("smoothCurves")
+        self.smooth_box.setToolTip("Draw the train loss as an exponential moving average (TensorBoard's "
+                                   "smoothing), the raw curve faint behind; the run's data is unchanged")
+        self.smooth_slider = QSlider(Qt.Orientation.Horizontal)
+        self.smooth_slider.setObjectName("smoothWeight")
+        self.smooth_slider.setRange(1, 99)  # weight in hundredths
+        self.smooth_slider.setFixedWidth(90)
+        self.smooth_slider.setValue(round(weight * 100))
+        self.smooth_label = QLabel(f"{weight:.2f}")
+        self.smooth_label.setMinimumWidth(self.smooth_label.fontMetrics().horizontalAdvance("0.00") + 4)
+        self.smooth_box.setChecked(bool(saved.get("on", False)))
+        self.smooth_slider.setEnabled(self.smooth_box.isChecked())
+        for widget in (self.smooth_box, self.smooth_slider, self.smooth_label):
+            bar.addWidget(widget)
+        self.smooth_box.toggled.connect(self._smoothing_changed)
+        self.smooth_slider.valueChanged.connect(self._smoothing_changed)
+
+    @property
+    def smoothing(self) -> float:
+        """The EMA weight drawn now (0: off)."""
+        return self.smooth_slider.value() / 100 if self.smooth_box.isChecked() else 0.0
+
+    def _smoothing_changed(self, *_: object) -> None:
+        self.smooth_slider.setEnabled(self.smooth_box.isChecked())
+        self.smooth_label.setText(f"{self.smooth_slider.value() / 100:.2f}")
+        self.loss_plot.set_smoothing(self.smoothing)
+        settings = Settings()
+        settings.set_json(SMOOTHING_KEY, {"on": self.smooth_box.isChecked(),
+                                          "weight": self.smooth_slider.value() / 100})
+        settings.sync()
 
     # ---- pages ---------------------------------------------------------------------------------
     def _build_dpsgd_page(self) -> None:
@@ -129,9 +175,10 @@ class Dashboard(QWidget):
         self.acc_plot = Plot("Test accuracy", "step", "accuracy", legend=False, y_bounds=(0.0, 1.0))
         self.loss_plot = Plot("Loss", "step", "loss", log_axis=True, y_bounds=(0.0, None))
         self.eps_plot = Plot("Privacy spent", "step", "ε", log_axis=True, y_bounds=(0.0, None))
+        self.train_loss = self.loss_plot.smoothed_curve("train loss", 1)  # noisy: one point per step
         self.curves = {
             "test_accuracy": self.acc_plot.curve("test accuracy", 0, symbol="o"),
-            "train_loss": self.loss_plot.curve("train loss", 1, width=1),
+            "train_loss": self.train_loss.raw,
             "test_loss": self.loss_plot.curve("test loss", 3, symbol="o"),
         }
         self.eps_curves: dict[str, pg.PlotDataItem] = {}
@@ -196,6 +243,7 @@ class Dashboard(QWidget):
             table.clear()
         for item in list(self.curves.values()) + list(self.pate_curves.values()) + [self.ensemble_curve]:
             item.setData([], [])
+        self.train_loss.clear()
         for anchor in (self.budget_anchor, self.pate_budget_anchor):
             anchor.setData([], [])
         self.eps_note.hide()
@@ -319,7 +367,11 @@ class Dashboard(QWidget):
     def _draw_series(self, data: RunData, names: tuple[str, ...]) -> None:
         for name in names:
             series = data.metrics.get(name)
-            if series is not None:
+            if series is None:
+                continue
+            if name == "train_loss":
+                self.train_loss.set_data(series.x, series.y)
+            else:
                 set_curve(self.curves[name], series.x, series.y)
 
     def _draw_accuracy(self, data: RunData) -> None:

@@ -79,6 +79,8 @@ class Plot(pg.PlotWidget):
         self.legend = self._legend_below() if legend else None
         self._apply_bounds()
         self.log_y = False
+        self.smoothing = 0.0  # weight of the moving average drawn over SmoothedCurves (0: off)
+        self.smoothed: list[SmoothedCurve] = []
         self._lines: list[tuple[pg.InfiniteLine, float | None]] = []
         self.hover = pg.TextItem(anchor=(0, 1))
         self.hover.setZValue(1000)
@@ -134,9 +136,11 @@ class Plot(pg.PlotWidget):
     def showEvent(self, event) -> None:  # noqa: N802
         # Curves set while hidden were downsampled for a zero-size view; redo them at the real size.
         super().showEvent(event)
-        QTimer.singleShot(0, self._refit)
+        QTimer.singleShot(0, self, self._refit)  # with `self` as context: dropped if the plot is deleted first
 
     def _refit(self) -> None:
+        if self.closed:  # pyqtgraph's close() ran before this deferred call: its items are gone
+            return
         for item in self.getPlotItem().listDataItems():
             if isinstance(item, pg.PlotDataItem):
                 item.updateItems(styleUpdate=False)
@@ -148,6 +152,7 @@ class Plot(pg.PlotWidget):
         """Remove every curve and line; the hover read-out stays."""
         self.getPlotItem().clear()
         self._lines = []
+        self.smoothed = []
         self.hover.hide()
         self.getPlotItem().addItem(self.hover, ignoreBounds=True)
 
@@ -199,6 +204,16 @@ class Plot(pg.PlotWidget):
         if name:
             self._fit_legend()
         return item
+
+    def smoothed_curve(self, name: str, index: int) -> SmoothedCurve:
+        """A noisy curve (train loss) that `set_smoothing` can draw smoothed over its faint raw self."""
+        return SmoothedCurve(self, name, index)
+
+    def set_smoothing(self, weight: float) -> None:
+        """Draw the SmoothedCurves as moving averages of `weight` in [0, 1) (0: raw only)."""
+        self.smoothing = min(max(float(weight), 0.0), 0.999)
+        for curve in self.smoothed:
+            curve.draw()
 
     def anchor(self) -> pg.PlotDataItem:
         """An invisible point that keeps a value (a budget, a reference) inside the auto range."""
@@ -363,6 +378,62 @@ class Plot(pg.PlotWidget):
         self.set_line(line, value)
         self.addItem(line, ignoreBounds=True)
         return line
+
+
+def ema(y: np.ndarray, weight: float) -> np.ndarray:
+    """Debiased exponential moving average, TensorBoard's scalar smoothing: s_i = w s_(i-1) + (1 - w) y_i
+    from s_(-1) = 0, divided by 1 - w^(i+1) so the first points are not pulled towards 0 (the bias
+    correction of Kingma & Ba, "Adam", 2015, section 3). `weight` 0 returns `y` unchanged."""
+    y = np.asarray(y, dtype=float)
+    if weight <= 0 or y.size == 0:
+        return y
+    from scipy.signal import lfilter
+
+    smoothed = lfilter([1.0 - weight], [1.0, -weight], y)
+    return smoothed / (1.0 - weight ** np.arange(1, y.size + 1))
+
+
+class SmoothedCurve:
+    """A noisy curve with optional smoothing (`Plot.set_smoothing`): the raw curve keeps its name and
+    exact data (hover, CSV) and is drawn faint behind its moving average while smoothing is on. Only
+    what is drawn changes, never the run's data."""
+
+    RAW_ALPHA = 60  # of 255: the raw curve behind the smoothed one
+
+    def __init__(self, plot: "Plot", name: str, index: int):
+        self.plot, self.name, self.index = plot, name, index
+        self.raw = plot.curve(name, index)
+        self.smooth = plot.curve(None, index, width=1.5)
+        self.smooth.opts["name"] = f"{name} (smoothed)"  # named after adding: in the legend only while on
+        self.x, self.y = np.empty(0), np.empty(0)
+        plot.smoothed.append(self)
+
+    def set_data(self, x: np.ndarray, y: np.ndarray) -> None:
+        if y.size and not np.isfinite(y).all():
+            keep = np.isfinite(y)
+            x, y = x[keep], y[keep]
+        self.x, self.y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+        self.draw()
+
+    def clear(self) -> None:
+        self.set_data(np.empty(0), np.empty(0))
+
+    def draw(self) -> None:
+        weight = self.plot.smoothing
+        pen = colour(self.index)
+        if weight > 0:
+            pen.setAlpha(self.RAW_ALPHA)
+        self.raw.setPen(pg.mkPen(pen, width=1))
+        self.raw.setData(self.x, self.y, skipFiniteCheck=True)
+        legend = self.plot.legend
+        if weight > 0:
+            self.smooth.setData(self.x, ema(self.y, weight), skipFiniteCheck=True)
+            if legend is not None and legend.getLabel(self.smooth) is None:
+                legend.addItem(self.smooth, self.smooth.opts["name"])
+        else:
+            self.smooth.setData([], [])
+            if legend is not None and legend.getLabel(self.smooth) is not None:
+                legend.removeItem(self.smooth)
 
 
 def set_curve(item: pg.PlotDataItem, x: np.ndarray, y: np.ndarray) -> None:
