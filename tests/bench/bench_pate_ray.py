@@ -1,0 +1,112 @@
+"""PATE teacher training on this machine vs. on Ray (a script, not a test): prints one table.
+
+The same 250 MNIST teachers (same seed, shards, groups, optimizer, epochs) are trained twice:
+- local: engine.pate.teachers.train_teachers in this process (torch on `--threads` threads);
+- ray: engine.pate.ray_backend.train_teachers_on_ray on a local Ray with `--workers` CPUs, one
+  stacked group per task (each task one thread, as Ray sets it).
+Both are then asked to vote on the last 1,000 test images; the table shows the wall time of
+training (Ray's start-up is shown apart), the teachers' mean accuracy and the ensemble's, and
+whether the two backends' votes are identical.
+
+Example (about 5-10 minutes on 2 cores):
+    python tests/bench/bench_pate_ray.py --data-dir ../shared/data
+A quick look:
+    python tests/bench/bench_pate_ray.py --data-dir ../shared/data --teachers 50 --teacher-epochs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from engine.datasets import load_dataset  # noqa: E402
+from engine.pate.ray_backend import RaySession, train_teachers_on_ray  # noqa: E402
+from engine.pate.shards import partition  # noqa: E402
+from engine.pate.teachers import build_teachers, train_teachers, vote_counts  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", required=True, help="folder holding mnist/ (the four IDX .gz files)")
+    parser.add_argument("--teachers", type=int, default=250)
+    parser.add_argument("--teacher-model", default="mnist_cnn")
+    parser.add_argument("--teacher-epochs", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=2, help="CPUs of the local Ray (one task each)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the local backend")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    import ray
+    from tabulate import tabulate
+
+    data = load_dataset("mnist", data_dir=args.data_dir)
+    x, y = data.x_train, data.y_train
+    x_eval, y_eval = data.x_test[-1000:], data.y_test[-1000:].numpy()
+    shards = partition(len(x), args.teachers, seed=args.seed)
+    optimizer = functools.partial(torch.optim.Adam, lr=1e-3)  # picklable for the Ray workers
+
+    def models():
+        return build_teachers(args.teacher_model, input_shape=data.input_shape, num_classes=10,
+                              num_teachers=args.teachers, seed=args.seed)
+
+    common = dict(epochs=args.teacher_epochs, batch_size=args.batch_size, make_optimizer=optimizer, seed=args.seed,
+                  model_name=args.teacher_model)
+    rows, votes = [], {}
+
+    torch.set_num_threads(args.threads)
+    t0 = time.monotonic()
+    local = train_teachers(models(), x, y, shards, **common)
+    seconds = time.monotonic() - t0
+    pred = local.predict(x_eval)
+    votes["local"] = vote_counts(pred, 10)
+    rows.append(_row("local", f"1 process, {args.threads} threads", 0.0, seconds, pred, y_eval, votes["local"],
+                     len(local.groups)))
+
+    t0 = time.monotonic()
+    ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
+    startup = time.monotonic() - t0
+    try:
+        session = RaySession()
+        t0 = time.monotonic()
+        on_ray = train_teachers_on_ray(models(), x, y, shards, session=session, **common)
+        seconds = time.monotonic() - t0
+        pred = on_ray.predict(x_eval)
+        votes["ray"] = vote_counts(pred, 10)
+        rows.append(_row("ray", f"{args.workers} workers x 1 thread", startup, seconds, pred, y_eval, votes["ray"],
+                         len(on_ray.group_refs)))
+    finally:
+        ray.shutdown()
+
+    print(f"\n{args.teachers} {args.teacher_model} teachers on MNIST ({len(x) // args.teachers} examples each), "
+          f"{args.teacher_epochs} epochs, batch {args.batch_size}, Adam; torch {torch.__version__}, ray {ray.__version__}")
+    print(tabulate(rows, headers="keys", floatfmt=".4g"))
+    same = np.array_equal(votes["local"], votes["ray"])
+    print(f"votes on the 1,000 evaluation images identical across backends: {same}")
+
+
+def _row(backend: str, how: str, startup: float, seconds: float, pred: torch.Tensor, y: np.ndarray,
+         votes: np.ndarray, groups: int) -> dict:
+    accuracy = (pred.numpy() == y[None, :]).mean(axis=1)
+    return {
+        "backend": backend,
+        "resources": how,
+        "groups": groups,
+        "start-up s": round(startup, 1),
+        "training s": round(seconds, 1),
+        "teachers/s": pred.shape[0] / seconds,
+        "teacher acc (mean)": float(accuracy.mean()),
+        "ensemble acc": float((votes.argmax(axis=1) == y).mean()),
+    }
+
+
+if __name__ == "__main__":
+    main()
