@@ -1,5 +1,9 @@
-"""Compare runs: accuracy against epsilon, overlaid curves, configs side by side, and where
-every finished run landed (final accuracy vs final epsilon)."""
+"""Compare runs: accuracy against epsilon, overlaid curves, results and configs side by side, and where
+every finished run landed (final accuracy vs final epsilon).
+
+Accuracy is comparable on one dataset and epsilon within one mechanism, so the plots show one group
+of the selected runs at a time (dataset and mechanism, a tab each when there are several); the table
+shows every selected run, results first, settings by the setup form's labels and units."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from PySide6.QtWidgets import (
     QGridLayout,
     QLabel,
     QSplitter,
+    QTabBar,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -24,6 +29,7 @@ from engine.publication import NO_GUARANTEE, carries_guarantee, publishable_epsi
 from workbench.audit_view import TheorySource, TradeoffOverlay
 from workbench.plots import Plot, colour, palette_colours, set_curve
 from workbench.run_data import RunData
+from workbench.runs_model import duration_seconds, format_duration
 
 
 def accuracy_vs_epsilon(data: RunData, row: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -56,8 +62,76 @@ def relevant_settings(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def differing_keys(configs: list[dict[str, Any]]) -> set[str]:
+    """Settings whose value differs between the runs that use them (a PATE threshold is not a
+    difference from a DP-SGD run, which has none)."""
     keys = set().union(*configs) if configs else set()
-    return {k for k in keys if len({repr(c.get(k)) for c in configs}) > 1}
+    return {k for k in keys if len({repr(c[k]) for c in configs if k in c}) > 1}
+
+
+MECHANISM_NAMES = {"dpsgd": "DP-SGD", "pate": "PATE", "none": "non-private"}
+NOT_USED = "—"  # a setting the run's mechanism does not use
+
+# The results rows that open the table: (key, label).
+RESULT_ROWS = (
+    ("accuracy", "Test accuracy"),
+    ("epsilon", "ε (publishable)"),
+    ("delta", "δ"),
+    ("accountant", "Accountant"),
+    ("steps", "Steps done / planned"),
+    ("duration", "Duration"),
+    ("status", "Status"),
+)
+
+
+def group_key(row: dict[str, Any]) -> tuple[str, str]:
+    return (str(row.get("dataset") or "?"), str(row.get("mechanism") or "?"))
+
+
+def group_label(key: tuple[str, str]) -> str:
+    dataset, mechanism = key
+    return f"{dataset} · {MECHANISM_NAMES.get(mechanism, mechanism)}"
+
+
+def groups_of(rows: list[dict[str, Any]]) -> dict[tuple[str, str], list[int]]:
+    """(dataset, mechanism) -> ids of the runs in it, groups in the order their first run comes."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for row in rows:
+        groups.setdefault(group_key(row), []).append(row["id"])
+    return groups
+
+
+def result_texts(row: dict[str, Any]) -> dict[str, str]:
+    """A run's results as the table shows them, with the epsilon engine.publication says it may state."""
+    eps = publishable_epsilon(row)
+    if row.get("mechanism") == "none":
+        epsilon = "∞ (non-private)"
+    elif eps.withheld:
+        epsilon = "not released"
+    elif eps.value is None:
+        epsilon = "" if eps.guarantee else NO_GUARANTEE
+    else:
+        epsilon = f"{eps.value:.4g}" + ("" if eps.guarantee else f" ({NO_GUARANTEE})")
+    done, planned = row.get("steps_done"), row.get("steps_planned")
+    return {
+        "accuracy": "" if row.get("accuracy") is None else f"{row['accuracy']:.4f}",
+        "epsilon": epsilon,
+        "delta": "" if eps.delta is None else f"{eps.delta:g}",
+        "accountant": eps.accountant or "",
+        "steps": "" if done is None else f"{done:,} / {planned:,}" if planned else f"{done:,}",
+        "duration": format_duration(duration_seconds(row)),
+        "status": str(row.get("status") or ""),
+    }
+
+
+def setting_label(key: str) -> str:
+    """A config key as the setup form labels it, with its unit: "Noise multiplier (σ/C)"."""
+    from engine.config import field_spec
+
+    try:
+        spec = field_spec(key)
+    except KeyError:
+        return key  # a setting of another config version: its own name
+    return f"{spec.label} ({spec.unit})" if spec.unit else spec.label
 
 
 class CompareView(QWidget):
@@ -66,6 +140,14 @@ class CompareView(QWidget):
         layout = QVBoxLayout(self)
         self.hint = QLabel("Select two or more runs in the runs list (Ctrl+click), then Compare (Ctrl+K).")
         layout.addWidget(self.hint)
+        # One tab per (dataset, mechanism) of the selected runs: the plots never mix them on one axis.
+        self.group_tabs = QTabBar()
+        self.group_tabs.setObjectName("compareGroups")
+        self.group_tabs.setToolTip("Accuracy is comparable on one dataset and ε within one mechanism: the plots "
+                                   "show one group of the selected runs at a time; the table shows them all")
+        self.group_tabs.currentChanged.connect(lambda _: self._draw_group())
+        self.group_tabs.hide()
+        layout.addWidget(self.group_tabs)
         splitter = QSplitter(Qt.Orientation.Vertical)
         layout.addWidget(splitter, 1)
         plots = QWidget()
@@ -92,15 +174,51 @@ class CompareView(QWidget):
         splitter.setSizes([500, 300])
         self.splitter = splitter
         self.run_ids: list[int] = []
+        self.runs: list[tuple[dict[str, Any], RunData]] = []
+        self.all_rows: list[dict[str, Any]] = []
+        self.groups: dict[tuple[str, str], list[int]] = {}
 
     def show_runs(self, runs: list[tuple[dict[str, Any], RunData]], all_rows: list[dict[str, Any]]) -> None:
         """`runs`: the selected runs (store row, curves); `all_rows`: every run, for the scatter."""
+        self.runs, self.all_rows = list(runs), all_rows
         self.run_ids = [row["id"] for row, _ in runs]
+        shown = self.shown_group()
+        self.groups = groups_of([row for row, _ in runs])
+        self.group_tabs.blockSignals(True)
+        while self.group_tabs.count():
+            self.group_tabs.removeTab(0)
+        for key, ids in self.groups.items():
+            self.group_tabs.addTab(f"{group_label(key)} ({len(ids)} run{'s' if len(ids) != 1 else ''})")
+        keys = list(self.groups)
+        self.group_tabs.setCurrentIndex(keys.index(shown) if shown in keys else 0)
+        self.group_tabs.blockSignals(False)
+        self.group_tabs.setVisible(len(self.groups) > 1)
+        self._draw_group()
+        self.membership.show_runs([row for row, _ in runs])
+        self._config_table([row for row, _ in runs])
+        self.hint.setVisible(len(runs) < 2)
+
+    def shown_group(self) -> tuple[str, str] | None:
+        """The (dataset, mechanism) whose runs the plots show."""
+        keys = list(self.groups)
+        index = self.group_tabs.currentIndex()
+        return keys[index] if 0 <= index < len(keys) else None
+
+    def show_group(self, key: tuple[str, str]) -> None:
+        self.group_tabs.setCurrentIndex(list(self.groups).index(key))
+
+    def _draw_group(self) -> None:
+        """Draw the runs of the group shown; each run keeps its colour (its place in the selection)."""
         for plot in (self.tradeoff, self.acc_steps, self.eps_steps, self.scatter_plot):
             plot.clear()
             if plot.legend is not None:
                 plot.legend.clear()
-        for index, (row, data) in enumerate(runs):
+        key = self.shown_group()
+        colours = {run_id: index for index, run_id in enumerate(self.run_ids)}
+        for row, data in self.runs:
+            if group_key(row) != key:
+                continue
+            index = colours[row["id"]]
             label = f"{row['id']}: {row['name']}" + ("" if carries_guarantee(row) else f" ({NO_GUARANTEE})")
             eps, acc = accuracy_vs_epsilon(data, row)
             set_curve(self.tradeoff.curve(label, index, symbol="o"), eps, acc)
@@ -110,21 +228,23 @@ class CompareView(QWidget):
             _, eps_series = data.epsilon_series()
             if eps_series is not None:
                 set_curve(self.eps_steps.curve(label, index), eps_series.x, eps_series.y)
-        self._scatter(all_rows, {run_id: index for index, run_id in enumerate(self.run_ids)})
-        self.membership.show_runs([row for row, _ in runs])
-        self._config_table([row for row, _ in runs])
+        in_group = {run_id: colours[run_id] for run_id in self.groups.get(key, [])} if key else {}
+        self._scatter(self.all_rows, in_group)
+        where = f" ({group_label(key)})" if key else ""
+        self.tradeoff.setLabel("bottom", "publishable ε" + where)
+        self.eps_steps.setLabel("bottom", ("queries" if key and key[1] == "pate" else "step"))
+        self.acc_steps.setLabel("bottom", "student step" if key and key[1] == "pate" else "step")
         for plot in (self.tradeoff, self.acc_steps, self.eps_steps, self.scatter_plot):
             plot.fit_to_data()
-        self.hint.setVisible(len(runs) < 2)
 
     def _scatter(self, rows: list[dict[str, Any]], selected: dict[int, int]) -> None:
-        """`selected`: run id -> its colour index in the other plots."""
-        groups = {(r.get("dataset"), r.get("mechanism")) for r in rows if r["id"] in selected}
+        """`selected`: run id -> its colour index in the other plots (the runs of the group shown)."""
+        groups = {group_key(r) for r in rows if r["id"] in selected}
         points = [r for r in rows if r["status"] == "finished" and r.get("accuracy") is not None
                   and publishable_epsilon(r).value is not None
-                  and (not groups or (r.get("dataset"), r.get("mechanism")) in groups)]
-        # Accuracy is comparable on one dataset, and epsilon within one mechanism: only the selected
-        # runs' (dataset, mechanism) groups are placed here.
+                  and (not groups or group_key(r) in groups)]
+        # Accuracy is comparable on one dataset, and epsilon within one mechanism: only the shown
+        # group's (dataset, mechanism) runs are placed here.
         named = "; ".join(f"{d}, {m}" for d, m in sorted(groups, key=str))
         self.scatter_plot.set_title("Finished runs" if groups else "All finished runs")
         self.scatter_plot.setLabel("bottom", "final publishable ε" + (f" ({named})" if groups else ""))
@@ -151,22 +271,35 @@ class CompareView(QWidget):
             self.scatter_plot.addItem(text)
 
     def _config_table(self, rows: list[dict[str, Any]]) -> None:
+        """Results rows first (accuracy, ε, δ, steps, duration), then the settings the runs use, by the
+        setup form's labels and units; settings that differ come first and are highlighted, a setting
+        a run's mechanism does not use reads NOT_USED."""
         configs = [relevant_settings(r.get("config") or {}) for r in rows]
         keys = sorted(set().union(*configs)) if configs else []
         differ = differing_keys(configs)
         keys = sorted(differ) + [k for k in keys if k not in differ]  # differences first
+        results = [result_texts(r) for r in rows]
         self.table.clear()
         self.table.setColumnCount(len(rows))
-        self.table.setRowCount(len(keys))
+        self.table.setRowCount(len(RESULT_ROWS) + len(keys))
         self.table.setHorizontalHeaderLabels([f"{r['id']}: {r['name']}" for r in rows])
-        self.table.setVerticalHeaderLabels(keys)
+        self.table.setVerticalHeaderLabels([label for _, label in RESULT_ROWS] + [setting_label(k) for k in keys])
+        for i, (key, _) in enumerate(RESULT_ROWS):
+            for j, texts in enumerate(results):
+                item = QTableWidgetItem(texts[key])
+                font = item.font()
+                font.setBold(True)
+                item.setFont(font)
+                self.table.setItem(i, j, item)
+            self.table.verticalHeaderItem(i).setToolTip("result")
         highlight = QColor(self.palette().color(QPalette.ColorRole.Highlight))
         highlight.setAlpha(90)
-        for i, key in enumerate(keys):
+        for i, key in enumerate(keys, start=len(RESULT_ROWS)):
+            self.table.verticalHeaderItem(i).setToolTip(key)  # the name in TOML files and `dpw show`
             for j, config in enumerate(configs):
-                value = config.get(key)
+                value = config.get(key, NOT_USED) if key in config else NOT_USED
                 item = QTableWidgetItem("" if value is None else str(value))
-                if key in differ:
+                if key in differ and key in config:
                     item.setBackground(QBrush(highlight))
                     font = item.font()
                     font.setBold(True)
@@ -174,3 +307,7 @@ class CompareView(QWidget):
                 self.table.setItem(i, j, item)
         self.table.resizeColumnsToContents()
         self.differing = differ
+
+    def row_labels(self) -> list[str]:
+        """The table's row labels, top to bottom (for tests)."""
+        return [self.table.verticalHeaderItem(i).text() for i in range(self.table.rowCount())]
