@@ -49,6 +49,12 @@ REPO = Path(__file__).resolve().parents[1]
 FPR_LEVELS = ("0.01", "0.001")  # the keys of tpr_at_fpr in the engine's JSON
 LOG_FPR_MIN = 1e-4  # the log axis starts here: below, 5,000 non-members cannot say anything
 BANNER_COLOUR = "#d62728"
+CURVES = (  # key, legend name, colour index (workbench.plots), pen style, width
+    ("chance", "chance (guessing)", 7, Qt.PenStyle.DashLine, 1.0),
+    ("theory", "theory: best possible test", 0, Qt.PenStyle.SolidLine, 2.0),
+    ("canary", "canary lower bound", 4, Qt.PenStyle.DotLine, 2.0),
+    ("roc", "attack (empirical ROC)", 1, Qt.PenStyle.SolidLine, 2.0),
+)
 PRIVATE_NOTE = ("Theory comes from the publishable guarantee (public parameters only). The attack and the canary "
                 "bound are computed from the run's private training data on this machine: they stay in the local "
                 "store and appear in a report only with dpw report --include-audit.")
@@ -306,6 +312,11 @@ class AuditView(QWidget):
         self.plot = Plot("Membership tests: the bound and the attack", "false-positive rate (FPR)",
                          "true-positive rate (TPR)", y_bounds=(0.0, 1.0))
         splitter.addWidget(self.plot)
+        # The curves are made once and updated with setData (a redraw makes no items: no stall).
+        self.curves = {key: self.plot.curve(name, index, style=style, width=width)
+                       for key, name, index, style, width in CURVES}
+        self._in_legend = set(self.curves)
+        self._log_shown = False
         side = QWidget()
         side_layout = QVBoxLayout(side)
         side_layout.setContentsMargins(0, 0, 0, 0)
@@ -327,6 +338,7 @@ class AuditView(QWidget):
         splitter.addWidget(side)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(1, 2)
+        splitter.setSizes([900, 520])
         layout.addWidget(splitter, 1)
 
     # ---- showing a run ---------------------------------------------------------------------------
@@ -358,25 +370,31 @@ class AuditView(QWidget):
 
     def _draw(self) -> None:
         figure = self.figure
-        self.plot.clear()
-        if self.plot.legend is not None:
-            self.plot.legend.clear()
         log = self.log_fpr.isChecked()
-        self.plot.getPlotItem().setLogMode(x=log)
+        if log != self._log_shown:
+            self.plot.getPlotItem().setLogMode(x=log)
+            self._log_shown = log
         low = LOG_FPR_MIN if log else 0.0
         chance = np.array([low, 1.0])
-        guess = self.plot.curve("chance (guessing)", 7, style=Qt.PenStyle.DashLine)
-        set_curve(guess, chance, chance)
+        shown = {"chance": (chance, chance)}
         if figure is not None:
-            for curve, name, index, style, width in (
-                    (figure.theory, "theory: best possible test", 0, Qt.PenStyle.SolidLine, 2.0),
-                    (figure.canary, "canary lower bound", 4, Qt.PenStyle.DotLine, 2.0),
-                    (figure.roc, "attack (empirical ROC)", 1, Qt.PenStyle.SolidLine, 2.0)):
-                if curve is None:
-                    continue
+            shown.update(theory=figure.theory, canary=figure.canary, roc=figure.roc)
+        for key, name, *_ in CURVES:
+            item, curve = self.curves[key], shown.get(key)
+            if curve is None:
+                item.setData([], [])
+            else:
                 fpr, tpr = curve
-                keep = fpr >= low if log else np.ones(fpr.size, dtype=bool)
-                set_curve(self.plot.curve(name, index, style=style, width=width), fpr[keep], tpr[keep])
+                keep = fpr >= low
+                set_curve(item, fpr[keep], tpr[keep])
+            if (curve is None) == (key in self._in_legend) and self.plot.legend is not None:
+                if curve is None:
+                    self.plot.legend.removeItem(item)
+                    self._in_legend.discard(key)
+                else:
+                    self.plot.legend.addItem(item, name)
+                    self._in_legend.add(key)
+        if figure is not None:
             self._fill_table(figure)
             self.notes["canary"].setText(figure.canary_note)
             self.notes["theory"].setText(figure.theory_note)
@@ -512,14 +530,18 @@ class TradeoffOverlay(Plot):
         self.theory = theory or TheorySource(self)
         self.theory.ready.connect(self._theory_ready)
         self.rows: list[dict[str, Any]] = []
+        self._later = QTimer(self)  # curves arriving together are drawn once
+        self._later.setSingleShot(True)
+        self._later.setInterval(50)
+        self._later.timeout.connect(self._draw)
 
     def show_runs(self, rows: list[dict[str, Any]]) -> None:
         self.rows = list(rows)
         self._draw()
 
     def _theory_ready(self, run_id: int) -> None:
-        if any(r["id"] == run_id for r in self.rows):
-            self._draw()
+        if any(r["id"] == run_id for r in self.rows) and not self._later.isActive():
+            self._later.start()
 
     def curve_count(self) -> dict[str, int]:
         """How many theory and attack curves are drawn (for tests and the legend)."""
