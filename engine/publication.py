@@ -13,7 +13,8 @@ list, dashboard and compare view) asks here, so the rules live in one place:
 - `public_dataset_name(dataset)`: user files are named by their file name only, never their folders.
 - A run of a tuning study (engine.study; the store attaches its row as `run["study"]`) states the
   study's epsilon, never its own: a private study's released run the repeat-and-select bound, its
-  other candidates nothing (never released); a composition study's runs the composition of all;
+  other candidates nothing (never released); a composition study's runs the composition of all
+  (of all it started, when it was stopped or interrupted early);
   an exploratory study's runs their own epsilon with `EXPLORATORY_NOTE`.
 """
 
@@ -49,6 +50,13 @@ class PublishableEpsilon:
     guarantee: bool
     note: str | None = None  # what the value covers beyond this run (its study), in words
     withheld: bool = False  # a candidate of a private study: never exported nor reported
+
+
+def exploratory_note(num_runs: int | None) -> str:
+    """EXPLORATORY_NOTE for a choice among `num_runs` runs ("1 run", "3 runs"; "several runs" if unknown):
+    what every view of a run chosen without a private selection says about the choice."""
+    runs = "several runs" if not num_runs else f"{num_runs} run" + ("" if num_runs == 1 else "s")
+    return f"selected among {runs} on the same data; the selection is not covered by this epsilon"
 
 
 def pate_publishable(epsilon_data_independent: float | None,
@@ -96,11 +104,16 @@ def publishable_epsilon(run: dict[str, Any]) -> PublishableEpsilon:
     mode, finished = study.get("mode"), study.get("status") == "finished"
     if mode == "exploratory":
         return PublishableEpsilon(own.value, own.delta, own.accountant, own.guarantee,
-                                  note=EXPLORATORY_NOTE.format(n=study.get("num_candidates") or "several"))
+                                  note=exploratory_note(study.get("num_candidates")))
     name = f"study {study.get('id')} ({study.get('name')})"
     if mode == "private" and study.get("released_run_id") != run.get("id"):
         return PublishableEpsilon(None, None, None, own.guarantee, withheld=True,
                                   note=f"a candidate of private {name} that was not released")
+    early = study.get("status") in ("stopped", "interrupted")
+    if mode == "composition" and early and study.get("epsilon") is not None:
+        return PublishableEpsilon(float(study["epsilon"]), study.get("delta"), study.get("accountant"), own.guarantee,
+                                  note=f"one of the runs of {name}, which was {study['status']} early; this epsilon "
+                                  f"composes the {study.get('num_candidates')} runs it started")
     if not finished or study.get("epsilon") is None:
         return PublishableEpsilon(None, None, None, own.guarantee,
                                   note=f"part of {name}, which has not finished: its epsilon covers all its runs")

@@ -124,6 +124,11 @@ def _migration_4(db: sqlite_utils.Database) -> None:
     for table, column in (("runs", "notes"), ("deleted_runs", "notes"), ("deleted_runs", "tags")):
         if column not in {r[1] for r in db.conn.execute(f"PRAGMA table_info({table})")}:
             db.conn.execute(f"ALTER TABLE [{table}] ADD COLUMN [{column}] TEXT")
+    # A study's own process (pid, host), so a study whose `dpw study` was killed is marked interrupted
+    # the way a run whose runner died is marked failed (Store.reconcile_studies).
+    for column, kind in (("pid", "INTEGER"), ("host", "TEXT")):
+        if column not in {r[1] for r in db.conn.execute("PRAGMA table_info(studies)")}:
+            db.conn.execute(f"ALTER TABLE [studies] ADD COLUMN [{column}] {kind}")
 
 
 MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4]
@@ -524,7 +529,8 @@ class Store:
     # ---- studies (engine.study) -----------------------------------------------------------------
     def create_study(self, **fields: Any) -> int:
         with self._write():
-            return self.db["studies"].insert({"status": "running", "created": now_iso(), **fields}).last_pk
+            return self.db["studies"].insert({"status": "running", "created": now_iso(), "pid": os.getpid(),
+                                              "host": socket.gethostname(), **fields}).last_pk
 
     def update_study(self, study_id: int, **fields: Any) -> None:
         with self._write():
@@ -552,6 +558,7 @@ class Store:
         reason (their privacy spent stays as the ledger recorded it). Returns their ids. A read-only
         store is left as it is, and so is one that cannot be written now (full disk): reading it must
         still work, and the next reader with room reconciles."""
+        self.reconcile_studies()
         host = socket.gethostname()
         lost = []
         rows = self.db.conn.execute(
@@ -585,6 +592,34 @@ class Store:
                 break
             if changed:
                 done.append(run_id)
+        return done
+
+    def reconcile_studies(self) -> list[int]:
+        """Mark `running` studies whose own process on this host is gone (killed, crashed) as
+        interrupted; returns their ids. Nothing is computed here: before starting each candidate the
+        study records on its row the privacy of every candidate started so far (engine.study), which
+        is what an interrupted study has spent. Read-only or full stores are left as they are."""
+        if not self.writable or not self.db["studies"].exists():
+            return []
+        host = socket.gethostname()
+        rows = self.db.conn.execute("select id, pid, host, created from studies where status = 'running'").fetchall()
+        lost = [(study_id, pid) for study_id, pid, study_host, created in rows if study_host in (None, host)
+                and (pid is None or not _pid_alive(pid) or _pid_reused(pid, created))]
+        done = []
+        for study_id, pid in lost:
+            try:
+                with self._write() as conn:
+                    changed = conn.execute(
+                        "update studies set status = 'interrupted', finished = ?, error = ? "
+                        "where id = ? and status = 'running' and pid is ?",
+                        [now_iso(), "the study's process ended before the study finished (killed or crashed)",
+                         study_id, pid]).rowcount
+            except sqlite3.OperationalError as exc:
+                if "full" not in str(exc):
+                    raise
+                break
+            if changed:
+                done.append(study_id)
         return done
 
     # ---- events and derived rows -------------------------------------------------------------

@@ -12,11 +12,28 @@ Modes (engine.study_config):
   Only the best candidate is released; the study's epsilon is the repeat-and-select bound
   (engine.privacy.tuning) of the pointwise maximum of the RDP curves of every setting the search
   could draw. K itself is not part of the release (the released run's statement never names it).
-- `composition`: every run may be released; the study's epsilon is their RDP curves summed.
+- `composition`: every run may be released; the study's epsilon composes all of them: DP-SGD runs
+  by PLD (engine.privacy.pld.pld_epsilon_composed, each run its own sample rate, noise and steps),
+  PATE runs by summing their data-independent RDP curves.
 - `exploratory`: the runs are compared freely and the best (by test accuracy) is marked selected;
   nothing is claimed for the selection (engine.publication.EXPLORATORY_NOTE).
 
+A PATE candidate is accounted by its data-independent bound: every one of its `num_queries` answered
+[PSMRTE18] (its data-dependent and smooth-sensitivity figures are functions of the votes and not a
+bound a search over settings can use).
+
+A study that stops early (Stop, SIGTERM: "stopped"; its process killed: "interrupted", by
+Store.reconcile_studies) releases nothing chosen, and its epsilon is the composition of every
+candidate started (as planned, so a candidate cut short or still finishing on its own is covered).
+For a private study this is the bound that holds, not the repeat-and-select one: that theorem is
+about running all K candidates, K drawn from D; a study cut off after k of them ran min(K, k) (or a
+number the stopper chose after seeing progress, which depends on the data), and every candidate's
+model and metrics stay in the store. So before each candidate starts, the study writes on its row
+the composition of the candidates started so far: a kill at any moment leaves the spend recorded.
+
 [PS22] N. Papernot, T. Steinke, "Hyperparameter Tuning with Renyi Differential Privacy", ICLR 2022.
+[PSMRTE18] N. Papernot, S. Song, I. Mironov, A. Raghunathan, K. Talwar, U. Erlingsson, "Scalable
+       Private Learning with PATE", ICLR 2018 (data-independent RDP of GNMax and Confident GNMax).
 """
 
 from __future__ import annotations
@@ -28,6 +45,8 @@ from typing import Any, Callable
 import numpy as np
 
 from engine.config import RunConfig
+from engine.privacy import pate as pate_privacy
+from engine.privacy.pld import SubsampledGaussian, pld_epsilon_composed
 from engine.privacy.rdp import DEFAULT_ORDERS, compute_rdp, rdp_to_epsilon
 from engine.privacy.tuning import repeat_and_select_rdp, sample_num_runs
 from engine.privacy.types import Epsilon
@@ -38,7 +57,9 @@ from engine.study_config import StudyConfig
 Launch = Callable[[int], str]  # run id -> final status ("finished", "stopped", "failed")
 Emit = Callable[..., Any]
 PRIVATE_ACCOUNTANT = "rdp-repeat-and-select"
-COMPOSITION_ACCOUNTANT = "rdp-composition"
+COMPOSITION_ACCOUNTANT = "pld-composition"  # DP-SGD candidates
+RDP_COMPOSITION_ACCOUNTANT = "rdp-composition"  # PATE candidates (data-independent RDP)
+STOPPED_EARLY = ("stopped", "interrupted")
 
 
 @dataclass
@@ -97,12 +118,33 @@ def _draw_settings(config: StudyConfig, rng: Any, count: int) -> list[dict[str, 
 
 # ---- accounting -------------------------------------------------------------------------------------
 def candidate_rdp(config: RunConfig, num_train: int, orders=DEFAULT_ORDERS) -> np.ndarray:
-    """RDP curve of one DP-SGD candidate's training, from its public plan (as its runner plans it)."""
-    from engine.dpsgd.trainer import plan_privacy
-
-    plan = plan_privacy(config, num_train)
+    """RDP curve of one candidate from its public plan: a DP-SGD training (as its runner plans it), or
+    a PATE run's data-independent bound (pate_candidate_rdp)."""
+    if config.mechanism == "pate":
+        return pate_candidate_rdp(config, orders)
+    plan = _dpsgd_plan(config, num_train)
     return compute_rdp(sample_rate=plan.sample_rate, noise_multiplier=plan.noise_multiplier,
                        steps=plan.steps_planned, orders=orders)
+
+
+def pate_candidate_rdp(config: RunConfig, orders=DEFAULT_ORDERS) -> np.ndarray:
+    """Data-independent RDP of a PATE run answering all its `num_queries` [PSMRTE18]: GNMax and LNMax
+    pay their noisy argmax per query, Confident GNMax its threshold check (sigma1) and GNMax (sigma2)."""
+    orders = np.asarray(orders, dtype=float)
+    if config.aggregator == "gnmax":
+        per_query = pate_privacy.gnmax_rdp_data_independent(sigma=config.gnmax_sigma, orders=orders)
+    elif config.aggregator == "lnmax":
+        per_query = pate_privacy.lnmax_rdp_data_independent(laplace_scale=config.laplace_scale, orders=orders)
+    else:
+        per_query = (pate_privacy.threshold_rdp_data_independent(sigma1=config.sigma1, orders=orders)
+                     + pate_privacy.gnmax_rdp_data_independent(sigma=config.sigma2, orders=orders))
+    return config.num_queries * per_query
+
+
+def _dpsgd_plan(config: RunConfig, num_train: int):
+    from engine.dpsgd.trainer import plan_privacy
+
+    return plan_privacy(config, num_train)
 
 
 def score_rdp(score_noise_multiplier: float, orders=DEFAULT_ORDERS) -> np.ndarray:
@@ -128,15 +170,27 @@ def private_study_epsilon(config: StudyConfig, num_train: int, orders=DEFAULT_OR
 
 
 def composition_epsilon(configs: list[RunConfig], num_train: int, delta: float, orders=DEFAULT_ORDERS) -> Epsilon:
-    """Every candidate released: the sum of their RDP curves, converted at `delta`."""
-    total = np.sum([candidate_rdp(c, num_train, orders) for c in configs], axis=0) if configs else \
-        np.zeros(len(orders))
+    """Every candidate released: DP-SGD runs composed by PLD (each its own sample rate, noise and
+    planned steps), PATE runs by the sum of their data-independent RDP curves, converted at `delta`."""
+    if all(c.mechanism == "dpsgd" for c in configs):
+        plans = [_dpsgd_plan(c, num_train) for c in configs]
+        eps = pld_epsilon_composed(mechanisms=[SubsampledGaussian(p.sample_rate, p.noise_multiplier, p.steps_planned)
+                                               for p in plans], delta=delta)
+        return Epsilon(value=eps.value, delta=eps.delta, accountant=COMPOSITION_ACCOUNTANT)
+    total = np.sum([candidate_rdp(c, num_train, orders) for c in configs], axis=0)
     eps = rdp_to_epsilon(orders=orders, rdp=total, delta=delta)
-    return Epsilon(value=eps.value, delta=eps.delta, accountant=COMPOSITION_ACCOUNTANT, order=eps.order)
+    return Epsilon(value=eps.value, delta=eps.delta, accountant=RDP_COMPOSITION_ACCOUNTANT, order=eps.order)
 
 
-def training_size(config: RunConfig) -> int:
-    """N, the training split's size (public under add/remove, as every run's plan treats it)."""
+def training_size(config: RunConfig) -> int | None:
+    """N, the training split's size (public under add/remove, as every run's plan treats it); None for
+    PATE, whose data-independent bound does not depend on it."""
+    if config.mechanism == "pate":
+        return None
+    return _training_size(config)
+
+
+def _training_size(config: RunConfig) -> int:
     from engine.runs import prepare
 
     return prepare(config).data.num_train
@@ -146,8 +200,10 @@ def training_size(config: RunConfig) -> int:
 def run_study(config: StudyConfig, store: Store, launch: Launch, *, emit: Emit | None = None,
               plan: StudyPlan | None = None) -> StudyResult:
     """Store the study, run its candidates one after another with `launch` (run id -> status), score
-    them, choose the released run and record the study's epsilon. A stopped candidate stops the study
-    (status "stopped": a private study then releases nothing, as its K was not run)."""
+    them, choose the released run and record the study's epsilon. Before each candidate starts, the
+    privacy of every candidate started so far is written on the study's row (a killed study keeps it).
+    A stopped candidate stops the study ("stopped": nothing is released and the epsilon is that
+    composition; module docstring)."""
     emit = emit or (lambda *a, **k: None)
     plan = plan or plan_candidates(config)
     accounted = config.mode in ("private", "composition")
@@ -159,6 +215,9 @@ def run_study(config: StudyConfig, store: Store, launch: Launch, *, emit: Emit |
     run_ids: list[int] = []
     status = "finished"
     for index, run_config in enumerate(plan.configs):
+        if accounted:
+            _record(store, study_id, composition_epsilon(plan.configs[:index + 1], num_train, config.base.delta),
+                    num_candidates=index + 1)
         run_id = store.create_run(run_config)
         store.update_run(run_id, study_id=study_id)
         run_ids.append(run_id)
@@ -166,22 +225,25 @@ def run_study(config: StudyConfig, store: Store, launch: Launch, *, emit: Emit |
         if launch(run_id) == "stopped":
             status = "stopped"
             break
-    store.update_study(study_id, num_candidates=len(run_ids))
     runs = [store.get_run(r) for r in run_ids]
     scores = _scores(config, runs, plan)
     released = max(scores, key=scores.get) if scores and status == "finished" else None
     epsilon = None
     if config.mode == "private" and status == "finished":
         epsilon = private_study_epsilon(config, num_train)
-    elif config.mode == "composition":
-        epsilon = composition_epsilon([RunConfig.from_dict(r["config"]) for r in runs], num_train, config.base.delta)
-    store.update_study(study_id, status=status, finished=now_iso(), released_run_id=released,
-                       epsilon=None if epsilon is None else epsilon.value,
-                       delta=None if epsilon is None else epsilon.delta,
-                       accountant=None if epsilon is None else epsilon.accountant)
+    elif accounted:
+        epsilon = composition_epsilon(plan.configs[:len(run_ids)], num_train, config.base.delta)
+    _record(store, study_id, epsilon, num_candidates=len(run_ids), status=status, finished=now_iso(),
+            released_run_id=released)
     emit("study_finished", study_id=study_id, status=status, released_run_id=released,
          epsilon=None if epsilon is None else epsilon.value)
     return StudyResult(study_id, status, run_ids, released, epsilon, scores)
+
+
+def _record(store: Store, study_id: int, epsilon: Epsilon | None, **fields: Any) -> None:
+    store.update_study(study_id, epsilon=None if epsilon is None else epsilon.value,
+                       delta=None if epsilon is None else epsilon.delta,
+                       accountant=None if epsilon is None else epsilon.accountant, **fields)
 
 
 def _scores(config: StudyConfig, runs: list[dict[str, Any]], plan: StudyPlan) -> dict[int, float]:

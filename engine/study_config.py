@@ -11,6 +11,10 @@
     [space]                     # each searched setting and the values it may take
     learning_rate = [0.5, 1.0]
 
+A PATE study (base mechanism = "pate") searches the aggregator and its noise, the number of
+teachers, the student's queries and the teachers' training (PATE_SEARCHABLE); its candidates are
+accounted by their data-independent bound (engine.study).
+
 Every candidate is a RunConfig built from the base and one setting of the space, so the run
 rules (bounds, combinations) are checked once, in engine.config, for the base and each candidate.
 Errors are one line naming the field (`mode`, `base.epochs`, `space.learning_rate`).
@@ -31,8 +35,11 @@ from engine.errors import ConfigError
 
 MODES = ("private", "composition", "exploratory")
 SEARCHES = ("grid", "random")
-SEARCHABLE = ("learning_rate", "clipping_norm", "noise_multiplier", "target_epsilon", "expected_batch_size",
-              "epochs", "model")
+DPSGD_SEARCHABLE = ("learning_rate", "clipping_norm", "noise_multiplier", "target_epsilon", "expected_batch_size",
+                    "epochs", "model")
+PATE_SEARCHABLE = ("aggregator", "gnmax_sigma", "threshold", "sigma1", "sigma2", "laplace_scale", "num_teachers",
+                   "num_queries", "teacher_epochs", "teacher_model", "learning_rate", "epochs", "model")
+SEARCHABLE = tuple(dict.fromkeys(DPSGD_SEARCHABLE + PATE_SEARCHABLE))
 # A setting of the space that fixes the noise replaces the base's other way of fixing it.
 _NOISE_FIELDS = ("noise_multiplier", "target_epsilon", "target_attack_tpr")
 MAX_CANDIDATES = 1000
@@ -122,9 +129,10 @@ class StudyConfig:
 
     def _check_mode(self, values: dict[str, Any]) -> None:
         if self.mode in ("private", "composition"):
-            if self.base.mechanism != "dpsgd":
-                raise ConfigError("base.mechanism", f"a {self.mode} study accounts DP-SGD candidates; got "
-                                  f"{self.base.mechanism!r}", hint="use mechanism = \"dpsgd\", or mode = \"exploratory\"")
+            if self.base.mechanism not in ("dpsgd", "pate"):
+                raise ConfigError("base.mechanism", f"a {self.mode} study accounts DP-SGD or PATE candidates; got "
+                                  f"{self.base.mechanism!r}", hint="use mechanism = \"dpsgd\" or \"pate\", or "
+                                  "mode = \"exploratory\"")
             if self.base.normalization == "dp":
                 raise ConfigError("base.normalization", f"a {self.mode} study does not yet account DP feature "
                                   "statistics", hint="use normalization = \"bounds\" (the default)")
@@ -250,9 +258,12 @@ def _space(table: Any, base: RunConfig) -> dict[str, tuple[Any, ...]]:
         raise ConfigError("space", "must be a table of the settings searched, each with its values",
                           hint="add e.g. [space] learning_rate = [0.5, 1.0]")
     space: dict[str, tuple[Any, ...]] = {}
+    searchable = PATE_SEARCHABLE if base.mechanism == "pate" else DPSGD_SEARCHABLE
     for key, values in table.items():
-        if key not in SEARCHABLE:
-            raise ConfigError(f"space.{key}", "cannot be searched", hint="searchable: " + ", ".join(SEARCHABLE))
+        if key not in searchable:
+            where = f"with mechanism = {base.mechanism!r}" if key in SEARCHABLE else "in a study"
+            raise ConfigError(f"space.{key}", f"cannot be searched {where}",
+                              hint="searchable: " + ", ".join(searchable))
         if not isinstance(values, list) or not values:
             raise ConfigError(f"space.{key}", f"{values!r} is not a non-empty list of values",
                               hint=f"e.g. {key} = [{getattr(base, key)!r}]")

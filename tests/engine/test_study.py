@@ -65,7 +65,11 @@ def training_rdp(noise_multiplier: float, steps: int = 5) -> np.ndarray:
     ({"space": {"epochs": [1, 0]}}, "space.epochs", "out of range"),
     ({"space": {"noise_multiplier": [1.0], "target_epsilon": [2.0]}}, "space.target_epsilon", "together"),
     ({"base": {"epochs": -1}}, "base.epochs", "out of range"),
-    ({"base": {"mechanism": "pate"}}, "base.mechanism", "DP-SGD"),
+    ({"base": {"mechanism": "none"}}, "base.mechanism", "DP-SGD or PATE"),
+    ({"base": {"mechanism": "pate"}, "space": {"clipping_norm": [1.0]}}, "space.clipping_norm",
+     "cannot be searched with mechanism = 'pate'"),
+    ({"space": {"num_teachers": [10]}}, "space.num_teachers", "cannot be searched with mechanism = 'dpsgd'"),
+    ({"space": {"seed": [1, 2]}}, "space.seed", "cannot be searched in a study"),
     ({"mode": "composition"}, "mean_runs", "private studies only"),
     ({"mode": "exploratory", "mean_runs": None, "search": "random"}, "num_candidates", "number of runs"),
 ])
@@ -212,16 +216,32 @@ def test_a_candidate_that_was_not_released_is_never_exported(private_study, tmp_
     assert publishable_epsilon(store.get_run(withheld)).value is None
 
 
-def test_a_composition_study_states_the_sum_of_its_runs(tmp_path):
+def dp_accounting_composition(noise_multipliers, steps: int = 5, delta: float = 1e-5) -> float:
+    """The composition of DP-SGD runs on BASE's data by dp-accounting's PLD (connect the dots, an upper
+    bound like ours): an independent value for a composition study's epsilon."""
+    dpa = pytest.importorskip("dp_accounting")
+    from dp_accounting.pld import pld_privacy_accountant
+
+    q = BASE["expected_batch_size"] / TRAIN
+    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    accountant.compose(dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(
+        dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(s)), steps) for s in noise_multipliers]))
+    return float(accountant.get_epsilon(delta))
+
+
+def test_a_composition_study_states_the_pld_composition_of_its_runs(tmp_path):
     config = study(mode="composition", mean_runs=None, search="grid", space={"noise_multiplier": [0.8, 1.5]})
     store = Store(tmp_path / "runs.sqlite")
     result = run_study(config, store, launcher(store))
-    expected = rdp_to_epsilon(orders=DEFAULT_ORDERS, rdp=training_rdp(0.8) + training_rdp(1.5), delta=1e-5)
-    assert result.epsilon.value == pytest.approx(expected.value, rel=1e-9)
+    expected = dp_accounting_composition([0.8, 1.5])
+    assert result.epsilon.accountant == "pld-composition"
+    assert result.epsilon.value == pytest.approx(expected, rel=1e-4)
+    rdp = rdp_to_epsilon(orders=DEFAULT_ORDERS, rdp=training_rdp(0.8) + training_rdp(1.5), delta=1e-5)
+    assert result.epsilon.value < rdp.value  # PLD is the tighter of the two sound compositions
     for run_id in result.run_ids:
         run = store.get_run(run_id)
         assert run["status"] == "finished"
-        assert publishable_epsilon(run).value == pytest.approx(expected.value)
+        assert publishable_epsilon(run).value == pytest.approx(result.epsilon.value)
         assert publishable_epsilon(run).value > run_epsilon(run).value
 
 
@@ -252,9 +272,9 @@ def test_dpw_study_runs_its_candidates_in_runner_processes(tmp_path):
                           timeout=600)
     assert done.returncode == 0, done.stderr
     assert "candidate 1: run 1" in done.stderr and "study 1 (cli, composition): finished, 1 runs" in done.stdout
-    expected = rdp_to_epsilon(orders=DEFAULT_ORDERS, rdp=training_rdp(1.0), delta=1e-5).value
+    expected = dp_accounting_composition([1.0])
     run = Store(db).get_run(1)
-    assert run["study_id"] == 1 and publishable_epsilon(run).value == pytest.approx(expected)
+    assert run["study_id"] == 1 and publishable_epsilon(run).value == pytest.approx(expected, rel=1e-4)
 
 
 # ---- the store -------------------------------------------------------------------------------------
@@ -279,3 +299,53 @@ def test_a_schema_2_store_gains_studies_and_keeps_its_runs(tmp_path):
     raw = sqlite3.connect(path)
     assert raw.execute("select count(*) from runs").fetchone()[0] == 1
     assert math.isclose(raw.execute("select epsilon from runs where id = 4").fetchone()[0], 1.5)
+
+
+# ---- PATE studies -----------------------------------------------------------------------------------
+PATE_BASE = {"name": "pate", "dataset": "digits", "mechanism": "pate", "model": "mlp", "teacher_model": "mlp",
+             "num_teachers": 5, "teacher_epochs": 2, "teacher_batch_size": 32, "student_epochs": 2,
+             "num_queries": 60, "aggregator": "gnmax", "gnmax_sigma": 20.0, "delta": 1e-5, "seed": 0}
+
+
+def pate_data_independent_epsilon(configs) -> float:
+    """Each run's data-independent RDP from engine.privacy.pate (every query answered), summed."""
+    from engine.privacy import pate
+
+    total = 0.0
+    for c in configs:
+        if c.aggregator == "gnmax":
+            per = pate.gnmax_rdp_data_independent(sigma=c.gnmax_sigma, orders=DEFAULT_ORDERS)
+        else:
+            per = pate.lnmax_rdp_data_independent(laplace_scale=c.laplace_scale, orders=DEFAULT_ORDERS)
+        total = total + c.num_queries * per
+    return rdp_to_epsilon(orders=DEFAULT_ORDERS, rdp=total, delta=1e-5).value
+
+
+def test_a_pate_study_searches_the_aggregator_and_the_number_of_teachers(tmp_path):
+    config = StudyConfig.from_dict({"name": "pate-grid", "mode": "composition", "base": PATE_BASE,
+                                    "space": {"aggregator": ["gnmax", "lnmax"], "num_teachers": [4, 6]}})
+    plan = plan_candidates(config)
+    assert [(c.aggregator, c.num_teachers) for c in plan.configs] == [("gnmax", 4), ("gnmax", 6), ("lnmax", 4),
+                                                                      ("lnmax", 6)]
+    store = Store(tmp_path / "runs.sqlite")
+    small = StudyPlan(plan.settings[1:3], plan.configs[1:3])  # one of each aggregator: the test stays short
+    result = run_study(config, store, launcher(store), plan=small)
+    runs = [store.get_run(r) for r in result.run_ids]
+    assert [r["status"] for r in runs] == ["finished", "finished"]
+    assert [r["config"]["num_teachers"] for r in runs] == [6, 4]
+    assert result.epsilon.accountant == "rdp-composition"
+    assert result.epsilon.value == pytest.approx(pate_data_independent_epsilon(small.configs), rel=1e-9)
+    assert all(publishable_epsilon(r).value == pytest.approx(result.epsilon.value) for r in runs)
+
+
+def test_a_private_pate_study_covers_its_noisiest_aggregator_setting():
+    config = StudyConfig.from_dict({"name": "pate-private", "mode": "private", "mean_runs": 2, "base": PATE_BASE,
+                                    "score_noise_multiplier": 5.0, "space": {"gnmax_sigma": [10.0, 40.0]}})
+    from engine.privacy import pate
+
+    worst = 60 * pate.gnmax_rdp_data_independent(sigma=10.0, orders=DEFAULT_ORDERS)
+    score = compute_rdp(sample_rate=1.0, noise_multiplier=5.0, steps=1, orders=DEFAULT_ORDERS)
+    expected = rdp_to_epsilon(orders=DEFAULT_ORDERS, delta=1e-5, rdp=repeat_and_select_rdp(
+        orders=DEFAULT_ORDERS, rdp=worst + score, mean_runs=2, shape=1.0)).value
+    assert private_study_epsilon(config, num_train=0).value == pytest.approx(expected, rel=1e-12)
+    assert expected > pate_data_independent_epsilon([config.candidate({"gnmax_sigma": 10.0})])
