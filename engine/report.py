@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import AGGREGATOR_FIELDS
+from engine.settings_in_effect import settings_in_effect
 from engine.errors import DPWError
 from engine.publication import (
     NO_GUARANTEE_STATEMENT,
@@ -154,8 +155,11 @@ def budget_on_private_votes(run: dict[str, Any]) -> bool:
 
 def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     """What the guarantee does and does not cover, in plain words."""
+    from engine.audit_run import audit_model_line
+
+    audit_model = [line[0].upper() + line[1:] + "."] if (line := audit_model_line(run)) else []
     if run["mechanism"] == "none":
-        return ["This is a non-private baseline: the model may reveal its training examples."]
+        return ["This is a non-private baseline: the model may reveal its training examples."] + audit_model
     items = [
         f"The guarantee protects each single training example. A person who contributed k examples is "
         f"protected with roughly k times the epsilon (group privacy), and more delta.",
@@ -207,7 +211,7 @@ def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
             )
     if run.get("stop_reason") == "budget":
         items.append("Training stopped early, at the epsilon budget; the model is the one after the last step taken.")
-    return items
+    return items + audit_model
 
 
 def _baseline(store: Store, run: dict[str, Any]) -> dict[str, Any] | None:
@@ -224,7 +228,8 @@ def private_data_notice(*, include_votes: bool, include_teacher_stats: bool, inc
     """The line at the top of a report that holds private data on request (None when it holds none)."""
     what = []
     if include_audit:
-        what.append("a membership-inference audit (the model's losses on training examples against held-out ones)")
+        what.append("a membership-inference audit (the model's losses on training examples against held-out ones, "
+                    "and the run's canary audit if it had one)")
     if include_votes:
         what.append("the raw teacher vote histograms and the data-dependent epsilon computed from them")
     if include_teacher_stats:
@@ -237,8 +242,10 @@ def private_data_notice(*, include_votes: bool, include_teacher_stats: bool, inc
 
 
 def public_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The run's settings as they may leave the machine: the dataset by file name only, no data folder."""
-    out = dict(config)
+    """The run's settings as they may leave the machine: only those the run read (a DP-SGD run lists
+    no PATE settings: engine.settings_in_effect), the dataset by file name only, no data folder."""
+    used = settings_in_effect(config)
+    out = {name: config[name] for name in used if name in config}
     if "dataset" in out:
         out["dataset"] = public_dataset_name(out["dataset"])
     out.pop("data_dir", None)
@@ -448,18 +455,32 @@ def _png(fig) -> str:
 
 # ---- HTML ------------------------------------------------------------------------------------
 def _fmt(value: Any) -> str:
+    """A value as HTML: a nested mapping as a table of labelled rows (never raw JSON), a list of plain
+    values as a comma-separated line, a list of mappings as one small table each."""
     if value is None:
         return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.6g}"
-    if isinstance(value, (dict, list)):
-        return html.escape(json.dumps(value))
+    if isinstance(value, dict):
+        return _table(value, nested=True) if value else "—"
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "—"
+        if all(isinstance(v, dict) for v in value):
+            return "".join(_table(v, nested=True) for v in value)
+        return ", ".join(_fmt(v) for v in value)
     return html.escape(str(value))
 
 
-def _table(rows: dict[str, Any]) -> str:
-    body = "".join(f"<tr><th>{html.escape(k.replace('_', ' '))}</th><td>{_fmt(v)}</td></tr>" for k, v in rows.items())
-    return f"<table>{body}</table>"
+def _label(key: Any) -> str:
+    return html.escape(str(key).replace("_", " "))
+
+
+def _table(rows: dict[str, Any], *, nested: bool = False) -> str:
+    body = "".join(f"<tr><th>{_label(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in rows.items())
+    return f"<table class='nested'>{body}</table>" if nested else f"<table>{body}</table>"
 
 
 def render_html(report: dict[str, Any]) -> str:
@@ -470,7 +491,7 @@ def render_html(report: dict[str, Any]) -> str:
         f"<title>Privacy report — run {run['id']} ({html.escape(run['name'])})</title>",
         "<style>body{font-family:sans-serif;max-width:52em;margin:2em auto;color:#222}"
         "table{border-collapse:collapse;margin:.5em 0}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}"
-        "th{background:#f3f3f3;font-weight:normal}.guarantee{border:2px solid #2a6;padding:.6em 1em;background:#f2fbf5}"
+        "th{background:#f3f3f3;font-weight:normal}table.nested{margin:0}table.nested th{background:#fafafa}.guarantee{border:2px solid #2a6;padding:.6em 1em;background:#f2fbf5}"
         ".private{border:3px solid #c00;padding:.6em 1em;background:#fee;font-weight:bold}</style></head><body>",
     ]
     if report.get("private_data_notice"):
@@ -528,6 +549,7 @@ def render_html(report: dict[str, Any]) -> str:
             **{f"TPR at FPR {100 * float(k):g}%": f"{100 * v:.3g}% [{100 * mia['tpr_interval'][k][0]:.3g}%, "
                f"{100 * mia['tpr_interval'][k][1]:.3g}%]" for k, v in mia["tpr_at_fpr"].items()},
             "theory check": mia["theory"]["message"] if mia.get("theory") else "no guarantee to check against",
+            "canary audit": _canary_text(report["audit"].get("canaries")),
         }))
     if report.get("pate", {}).get("votes") is not None:
         parts.append("<h2>Teacher votes (PRIVATE)</h2><table><tr><th>query</th><th>histogram</th><th>answered</th>"
@@ -536,6 +558,15 @@ def render_html(report: dict[str, Any]) -> str:
                          f"<td>{_fmt(v['label'])}</td></tr>" for v in report["pate"]["votes"]) + "</table>")
     parts.append("</body></html>")
     return "".join(parts)
+
+
+def _canary_text(canaries: dict[str, Any] | None) -> str:
+    """The one-run canary audit in words (engine.audit_run.canary_result)."""
+    if not canaries:
+        return "none (the run had no audit_canaries)"
+    return (f"epsilon >= {canaries['epsilon_lower_bound']:.3g} at delta {canaries['delta']:g} "
+            f"({100 * canaries['confidence']:g}% confidence): {canaries['correct']} of {canaries['guesses']} "
+            f"guesses right about {canaries['count']} {canaries['kind']} canaries")
 
 
 def write_report(store: Store, run_ref: str | int, out: str | Path, *, include_votes: bool = False,

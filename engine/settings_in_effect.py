@@ -3,7 +3,7 @@
 `engine.config.fields_used` says which fields a mechanism (and PATE aggregator) reads; a few more
 fields matter only for some values of another one: the momentum only for the 'momentum' optimizer,
 the label column only for a CSV file, the test fraction only for data without a standard test
-split. The setup form shows, and a report lists, exactly these (one rule for both).
+split, the statistics' noise multiplier only for normalization = 'dp'. The setup form shows, and a report lists, exactly these (one rule for both).
 """
 
 from __future__ import annotations
@@ -29,4 +29,6 @@ def settings_in_effect(values: Mapping[str, Any]) -> list[str]:
         unused.add("label_column")
     if dataset in DATASETS_WITH_TEST_SPLIT:
         unused.add("test_fraction")
+    if str(values.get("normalization") or "").strip() != "dp":
+        unused.add("normalization_noise_multiplier")
     return [name for name in fields_used(mechanism, aggregator) if name not in unused]

@@ -319,3 +319,84 @@ def test_a_reproducible_noise_run_carries_no_guarantee_anywhere(private_runs, tm
     assert "no guarantee" not in cohort
     shown = runner.invoke(cli, ["show", str(run_id), "--db", str(store.path)]).output
     assert "NO GUARANTEE" in shown and NO_GUARANTEE_STATEMENT in shown
+
+
+def _pdf_pages(pdf: Path) -> list[list[str]]:
+    """The text lines of each page of a PDF (Qt's PDF reader)."""
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtPdf import QPdfDocument
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance() or QApplication([])  # noqa: F841
+    document = QPdfDocument()
+    document.load(str(pdf))
+    return [[line.strip() for line in document.getAllText(page).text().splitlines() if line.strip()]
+            for page in range(document.pageCount())]
+
+
+def test_a_dpsgd_report_lists_only_the_settings_the_run_read(runs, tmp_path):
+    from engine.config import config_fields, fields_used
+
+    store, all_runs = runs
+    run_id, _ = all_runs["image"]
+    report = build_report(store, run_id, figures=False)
+    pate_only = {name for name, _, spec in config_fields() if spec.mechanisms == ("pate",)}
+    assert pate_only and not pate_only & set(report["config"])
+    assert set(report["config"]) <= set(fields_used("dpsgd"))
+    assert "momentum" not in report["config"]  # the run used plain sgd
+    assert "normalization_noise_multiplier" not in report["config"]  # normalization = 'bounds'
+    assert {"noise_multiplier", "clipping_norm", "expected_batch_size", "delta"} <= set(report["config"])
+    html = write_report(store, run_id, tmp_path / "r.html").read_text()
+    config_html = html[html.index("<h3>Config</h3>"):]
+    for label in ("num teachers", "sigma1", "threshold", "teacher model", "num queries"):
+        assert f"<th>{label}</th>" not in config_html
+
+
+def test_nested_report_values_are_labelled_rows_not_json(runs, tmp_path):
+    store, all_runs = runs
+    run_id, _ = all_runs["table"]
+    html = write_report(store, run_id, tmp_path / "r.html").read_text()
+    assert "{&quot;" not in html and '{"' not in html and "[&quot;" not in html
+    software = html[html.index("<th>software</th>"):]
+    assert software.startswith("<th>software</th><td><table class='nested'><tr><th>python</th>")
+    assert "<th>privacy noise</th><td>secret</td>" in html
+
+
+def test_no_heading_is_left_at_the_foot_of_a_pdf_page(runs, tmp_path):
+    from workbench.report_pdf import html_to_pdf, orphaned_headings, paged_document
+
+    store, all_runs = runs
+    run_id, _ = all_runs["image"]
+    report_html = write_report(store, run_id, tmp_path / "r.html").read_text()
+    # Headings followed by text (a figure's heading ends a page's text when its figure is below it).
+    text_headings = {"Guarantee", "How: DP-SGD", "Training data and model", "Utility", "Per-class test accuracy",
+                     "What the guarantee does and does not cover", "Reproducibility", "Config"}
+    # Padding before the report moves every heading through every position on a page.
+    for padding in range(0, 60, 3):
+        html = report_html.replace("<h2>Guarantee</h2>", "<p>padding</p>" * padding + "<h2>Guarantee</h2>", 1)
+        assert orphaned_headings(paged_document(html)) == [], padding
+        pages = _pdf_pages(html_to_pdf(html, tmp_path / f"r{padding}.pdf"))
+        assert len(pages) >= 2
+        for number, lines in enumerate(pages[:-1], start=1):
+            assert lines[-1] not in text_headings, (padding, number, lines[-3:])
+
+
+def test_headings_at_a_page_foot_are_moved_to_the_next_page():
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtCore import QSizeF
+    from PySide6.QtGui import QTextDocument
+    from PySide6.QtWidgets import QApplication
+
+    from workbench.report_pdf import keep_headings_with_next, orphaned_headings
+
+    app = QApplication.instance() or QApplication([])  # noqa: F841
+    orphaned_somewhere = False
+    for lines in range(10, 80):
+        document = QTextDocument()
+        document.setHtml("<h1>Report</h1>" + "<p>text</p>" * lines + "<h2>Settings</h2><table>"
+                         + "".join(f"<tr><th>k{i}</th><td>v</td></tr>" for i in range(12)) + "</table>")
+        document.setPageSize(QSizeF(600, 800))
+        orphaned_somewhere |= bool(orphaned_headings(document))
+        keep_headings_with_next(document)
+        assert orphaned_headings(document) == [], lines
+    assert orphaned_somewhere  # the layout without the fix does leave a heading at a page foot

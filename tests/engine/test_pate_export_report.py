@@ -196,3 +196,21 @@ def test_pate_release_parameters_were_fixed_from_public_settings(pate_run):
     from engine.report import caveats
 
     assert any("chosen by looking at the private votes" in c for c in caveats(from_votes, {}))
+
+
+def test_pate_report_shows_the_release_parameters_as_labelled_rows_and_only_pate_settings(pate_run):
+    from engine.config import config_fields
+
+    store, run_id, _ = pate_run
+    report = build_report(store, run_id, figures=False)
+    dpsgd_only = {name for name, _, spec in config_fields() if "pate" not in (spec.mechanisms or ("pate",))}
+    assert {"noise_multiplier", "clipping_norm", "expected_batch_size"} <= dpsgd_only
+    assert not dpsgd_only & set(report["config"])
+    html = render_html(report)
+    release = report["pate"]["smooth_sensitivity_release"]
+    assert isinstance(release, dict) and {"order", "beta", "sigma_ss"} <= set(release)
+    section = html[html.index("<th>smooth sensitivity release</th>"):]
+    assert section.startswith("<th>smooth sensitivity release</th><td><table class='nested'>")
+    assert f"<th>sigma ss</th><td>{release['sigma_ss']:.6g}</td>" in section
+    assert "<th>parameters from data</th><td>no</td>" in section
+    assert "{&quot;" not in html and '{"' not in html
