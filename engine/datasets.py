@@ -6,7 +6,12 @@ Three sources resolve through `load_dataset(name_or_path)`:
   downloaded only with `allow_download=True`; otherwise a `DataError` says which files go where;
 - built-ins that need no files (`digits`, `breast-cancer`, bundled with scikit-learn);
 - the user's own `.csv` (one label column, every other column numeric) or `.npz` (`x`, `y`,
-  optionally `x_test`, `y_test`).
+  optionally `x_test`, `y_test`);
+- images larger than memory, read on demand (engine.array_data, engine.image_folder): a folder
+  holding `x.npy` and `y.npy` (optionally `x_test.npy`, `y_test.npy`), memory-mapped; an `.npz`
+  whose uncompressed image array `x` is larger than `array_data.MAP_NPZ_ABOVE_BYTES` (1 GiB),
+  mapped in place (a compressed one is loaded into memory: save big archives with numpy.savez, not
+  savez_compressed, or extract them to .npy); an image folder, one sub-folder per class.
 
 Normalization contract (the export code relies on it)::
 
@@ -260,6 +265,11 @@ def load_dataset(
 
     path = Path(name_or_path).expanduser()
     suffix = path.suffix.lower()
+    if path.is_dir() and suffix not in (".csv", ".npz"):
+        return _load_folder(path, test_fraction=test_fraction, seed=seed)
+    if suffix == ".npy":
+        raise DataError(f"{path}: a .npy file holds one array; put the inputs in x.npy and the labels in y.npy "
+                        f"(optionally x_test.npy, y_test.npy) in one folder and give the folder")
     if suffix in (".csv", ".npz"):
         if not path.exists():
             raise DataError(f"{path}: file not found (looked at {path.absolute()}); check the path")
@@ -272,11 +282,12 @@ def load_dataset(
     if suffix or os.sep in str(name_or_path) or "/" in str(name_or_path):
         raise DataError(
             f"{name_or_path}: unsupported data file type {suffix or '(no extension)'!r}; "
-            f"use a .csv file (one label column, numeric features) or a .npz file (arrays x and y)"
+            f"use a .csv file (one label column, numeric features), a .npz file (arrays x and y), a folder "
+            f"holding x.npy and y.npy, or an image folder (one sub-folder per class)"
         )
     raise DataError(
         f"unknown dataset {str(name_or_path)!r}; use one of: {', '.join(DATASETS)}, "
-        f"or the path of a .csv or .npz file"
+        f"or the path of a .csv or .npz file, a folder holding x.npy and y.npy, or an image folder"
     )
 
 
@@ -922,7 +933,24 @@ def _load_csv(path: Path, *, label_column: str, test_fraction: float, seed: int,
 _NPZ_LAYOUT = "arrays x (examples) and y (labels), optionally x_test and y_test"
 
 
+def _load_folder(path: Path, *, test_fraction: float, seed: int) -> Dataset:
+    """A folder of arrays (x.npy, y.npy: memory-mapped) or of images (one sub-folder per class)."""
+    from engine.array_data import load_array_folder
+    from engine.image_folder import is_image_folder, load_image_folder
+
+    if (path / "x.npy").is_file():
+        return load_array_folder(path, test_fraction=test_fraction, seed=seed)
+    if is_image_folder(path):
+        return load_image_folder(path, test_fraction=test_fraction, seed=seed)
+    raise DataError(f"{path}: is a folder with neither x.npy nor class sub-folders of images; give a folder "
+                    f"holding x.npy and y.npy, or one sub-folder of images per class")
+
+
 def _load_npz(path: Path, *, test_fraction: float, seed: int, scaling: _ScalingRequest) -> Dataset:
+    from engine import array_data
+
+    if array_data.npz_can_be_mapped(path, above_bytes=array_data.MAP_NPZ_ABOVE_BYTES):
+        return array_data.load_mapped_npz(path, test_fraction=test_fraction, seed=seed)
     try:
         archive = np.load(path, allow_pickle=False)
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:

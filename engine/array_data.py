@@ -1,0 +1,357 @@
+"""Training images larger than memory: rows read on demand from memory-mapped arrays.
+
+`MappedRows` stands where a `Dataset` holds an in-memory input tensor (`x_train`, `x_test`): it has
+the tensor's shape and, when indexed (a slice, or an index tensor as Poisson sampling draws it),
+reads exactly those rows from its `RowSource`, scales them like in-memory images (uint8 / 255 or
+float in [0, 1], then (x - 0.5) / 0.5) and returns a float32 tensor. So DP-SGD samples over the
+indices 0..N-1 exactly as before (the privacy analysis is unchanged) and a step reads only its
+sampled rows; nothing holds the whole array.
+
+Sources:
+- `NpyRows`: a `.npy` file opened with `np.load(mmap_mode="r")`, or an array stored *uncompressed*
+  inside an `.npz` archive (numpy.savez, not savez_compressed), mapped at its offset in the archive;
+  a compressed member cannot be mapped (extract it to .npy, or save with numpy.savez);
+- `engine.image_folder.ImageFileRows`: image files decoded one by one.
+
+Pages of a mapping that have been read are handed back to the kernel every `DROP_EVERY_BYTES`
+read (madvise DONTNEED: they stay in the page cache, but stop counting in the process's memory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import struct
+import zipfile
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from engine.errors import DataError
+
+IMAGE_MEAN = 0.5  # as engine.datasets: fixed constants, independent of the data
+IMAGE_STD = 0.5
+DROP_EVERY_BYTES = 64 << 20
+_HASH_READ = 1 << 23
+
+MAP_NPZ_ABOVE_BYTES = 1 << 30
+"""An .npz archive whose uncompressed image array x is larger than this is memory-mapped, not loaded."""
+
+
+class RowSource(Protocol):
+    """Raw examples by row: `read(rows)` gives (len(rows), *shape) uint8 or float32 in [0, 1]."""
+
+    shape: tuple[int, ...]  # (N, C, H, W)
+    name: str
+
+    def read(self, rows: np.ndarray) -> np.ndarray: ...
+
+
+class NpyRows:
+    """Rows of a memory-mapped (N, H, W) or (N, C, H, W) image array (uint8 0..255, or float in [0, 1])."""
+
+    def __init__(self, array: np.memmap, *, name: str):
+        if array.ndim not in (3, 4):
+            raise DataError(f"{name}: has shape {array.shape}; images must be (N, H, W) or (N, C, H, W)")
+        if array.dtype.kind not in "uf" or (array.dtype.kind == "u" and array.dtype != np.uint8):
+            raise DataError(f"{name}: has dtype {array.dtype}; memory-mapped images must be uint8 (0..255) or "
+                            f"float32 in [0, 1]")
+        if array.ndim == 4 and array.shape[1] > 4 and array.shape[3] in (1, 3, 4):
+            raise DataError(f"{name}: has shape {array.shape}, which looks channels-last (N, H, W, C); images must "
+                            f"be (N, C, H, W)")
+        self.array = array
+        self.name = name
+        self.shape = tuple(int(d) for d in (array.shape if array.ndim == 4 else (array.shape[0], 1, *array.shape[1:])))
+        self._read_since_drop = 0
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        order = np.argsort(rows, kind="stable")  # ascending rows: the reads go forward through the file
+        out = np.empty((len(rows), *self.shape[1:]), dtype=self.array.dtype)
+        out[order] = self.array[rows[order]].reshape(len(rows), *self.shape[1:])
+        if out.dtype.kind == "f":
+            bad = ~np.isfinite(out) | (out < 0.0) | (out > 1.0)
+            if bad.any():
+                row = int(rows[np.argwhere(bad)[0][0]])
+                raise DataError(f"{self.name}: row {row} has pixels outside [0, 1] (or NaN); float pixels must be "
+                                f"in [0, 1] (divide 8-bit pixels by 255)")
+        self._read_since_drop += out.nbytes
+        if self._read_since_drop >= DROP_EVERY_BYTES:
+            drop_pages(self.array)
+            self._read_since_drop = 0
+        return out
+
+
+def drop_pages(array: np.ndarray) -> None:
+    """Hand a memory map's resident pages back to the kernel (they stay in the page cache)."""
+    mapping = getattr(array, "_mmap", None)
+    if mapping is None and isinstance(getattr(array, "base", None), mmap.mmap):
+        mapping = array.base
+    if mapping is not None and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            mapping.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError):
+            pass
+
+
+def open_npy(path: Path) -> np.memmap:
+    """`path` memory-mapped (never read whole); a one-line DataError when it is not a plain .npy array."""
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise DataError(f"{path}: cannot be memory-mapped as a .npy array ({str(e).splitlines()[0]}); save it with "
+                        f"numpy.save(path, array)") from None
+    if not isinstance(array, np.memmap):
+        raise DataError(f"{path}: is not a .npy array; save it with numpy.save(path, array)")
+    return array
+
+
+def open_npz_member(path: Path, key: str) -> np.memmap:
+    """Array `key` of the .npz archive `path`, memory-mapped where it lies in the archive. Only an
+    uncompressed member (numpy.savez) can be mapped; a compressed one is a DataError saying what to do."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            info = archive.getinfo(f"{key}.npy")
+    except (zipfile.BadZipFile, OSError) as e:
+        raise DataError(f"{path}: cannot read as an .npz archive ({e}); save it with numpy.savez(path, x=..., y=...)")
+    except KeyError:
+        raise DataError(f"{path}: has no array {key!r}") from None
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise DataError(f"{path}: array {key!r} is compressed and cannot be memory-mapped; save the archive with "
+                        f"numpy.savez (not savez_compressed), or extract {key} to {key}.npy in a folder")
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        local = f.read(30)
+        if local[:4] != b"PK\x03\x04":
+            raise DataError(f"{path}: array {key!r} has a damaged zip header; save the archive again")
+        name_len, extra_len = struct.unpack("<HH", local[26:30])
+        start = info.header_offset + 30 + name_len + extra_len
+        f.seek(start)
+        try:
+            version = np.lib.format.read_magic(f)
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read_header is None:
+                raise ValueError(f".npy format version {version} (save it with numpy.savez)")
+            shape, fortran, dtype = read_header(f)
+        except ValueError as e:
+            raise DataError(f"{path}: array {key!r} is not a readable .npy member ({e})") from None
+        offset = f.tell()
+    if dtype.hasobject:
+        raise DataError(f"{path}: array {key!r} holds Python objects; store plain numbers")
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
+
+
+def hash_files(paths: Sequence[Path], *, tag: str = "", root: Path | None = None) -> str:
+    """sha256 over each file's name (relative to `root`) and bytes, read in chunks (constant memory)."""
+    h = hashlib.sha256(tag.encode())
+    for path in paths:
+        if root is not None:
+            h.update(f"|{path.relative_to(root).as_posix()}|".encode())
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(_HASH_READ), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+class MappedRows:
+    """An input split read on demand: rows `rows` (all when None) of `source`, scaled like in-memory
+    images. Indexing returns float32 tensors on `device`; `to(device)` moves nothing but the result."""
+
+    def __init__(self, source: RowSource, rows: np.ndarray | None = None, *, device: Any = "cpu"):
+        self.source = source
+        self.rows = None if rows is None else np.asarray(rows, dtype=np.int64)
+        self._device = device
+
+    # ---- the tensor surface the trainers use ---------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        n = self.source.shape[0] if self.rows is None else len(self.rows)
+        return (n, *self.source.shape[1:])
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def dtype(self):
+        import torch
+
+        return torch.float32
+
+    @property
+    def device(self):
+        import torch
+
+        return torch.device(self._device)
+
+    def to(self, device: Any = None, *args: Any, **kwargs: Any) -> "MappedRows":
+        return MappedRows(self.source, self.rows, device=device if device is not None else self._device)
+
+    def cpu(self) -> "MappedRows":
+        return self.to("cpu")
+
+    def min(self):
+        """The smallest value a scaled pixel can take (not a pass over the data)."""
+        import torch
+
+        return torch.tensor((0.0 - IMAGE_MEAN) / IMAGE_STD)
+
+    def max(self):
+        """The largest value a scaled pixel can take (not a pass over the data)."""
+        import torch
+
+        return torch.tensor((1.0 - IMAGE_MEAN) / IMAGE_STD)
+
+    def __getitem__(self, index: Any):
+        """Rows as a float32 tensor: `index` is an int, a slice, or an integer array/tensor of any shape."""
+        import torch
+
+        if isinstance(index, slice):
+            wanted = np.arange(len(self))[index]
+        elif isinstance(index, (int, np.integer)):
+            return self[np.array([int(index)])][0]
+        else:
+            if isinstance(index, torch.Tensor):
+                if index.dtype == torch.bool:
+                    index = index.nonzero().flatten()
+                index = index.detach().cpu().numpy()
+            wanted = np.asarray(index, dtype=np.int64)
+            if wanted.size and (wanted.min() < -len(self) or wanted.max() >= len(self)):
+                raise IndexError(f"row index out of range for {len(self)} rows")
+            wanted = np.where(wanted < 0, wanted + len(self), wanted)
+        flat = wanted.reshape(-1)
+        source_rows = flat if self.rows is None else self.rows[flat]
+        raw = self.source.read(source_rows) if len(flat) else np.zeros((0, *self.source.shape[1:]), np.uint8)
+        x = torch.from_numpy(raw.astype(np.float32))
+        if raw.dtype == np.uint8:
+            x.div_(255.0)
+        x = x.sub_(IMAGE_MEAN).div_(IMAGE_STD).reshape(*wanted.shape, *self.source.shape[1:])
+        return x.to(self._device)
+
+    def subset(self, rows: np.ndarray) -> "MappedRows":
+        """The rows `rows` of this split, still read on demand."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return MappedRows(self.source, rows if self.rows is None else self.rows[rows], device=self._device)
+
+    def __repr__(self) -> str:
+        return f"MappedRows({self.source.name}, shape={self.shape})"
+
+
+# ---- datasets ----------------------------------------------------------------------------------
+
+
+def image_dataset(*, name: str, source: RowSource, y: np.ndarray, train_rows: np.ndarray | None,
+                  test: "MappedRows", y_test: np.ndarray, class_names: Sequence[str], fingerprint: str, origin: str,
+                  split: str):
+    """A `Dataset` whose inputs are read on demand (labels are in memory: 8 bytes per example)."""
+    import torch
+
+    from engine.datasets import IMAGE, Dataset
+
+    channels = source.shape[1]
+    return Dataset(
+        name=name,
+        kind=IMAGE,
+        x_train=MappedRows(source, train_rows),
+        y_train=torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64)),
+        x_test=test,
+        y_test=torch.from_numpy(np.ascontiguousarray(y_test, dtype=np.int64)),
+        input_shape=tuple(source.shape[1:]),
+        num_classes=len(class_names),
+        normalization={"mean": [IMAGE_MEAN] * channels, "std": [IMAGE_STD] * channels,
+                       "source": "fixed constants (independent of the data)"},
+        fingerprint=fingerprint,
+        class_names=tuple(class_names),
+        source=origin,
+        split=split,
+    )
+
+
+def load_mapped_arrays(x: np.memmap, y: np.ndarray, x_test: np.memmap | None, y_test: np.ndarray | None, *,
+                       name: str, where: str, fingerprint: str, origin: str, test_fraction: float, seed: int):
+    """Images `x` (and `x_test`) memory-mapped, labels `y` (`y_test`) read: a Dataset reading rows on
+    demand. Without x_test, a stratified split of the rows (engine.datasets.stratified_split)."""
+    from engine.datasets import _encode_labels, _labels_1d, _need_two_classes, _split_or_fail, _split_text
+
+    path = Path(where)
+    y = _labels_1d(np.asarray(y), path=path, key="y")
+    source = NpyRows(x, name=f"{where}: x")
+    if len(y) != source.shape[0]:
+        raise DataError(f"{where}: x has {source.shape[0]} examples but y has {len(y)} labels; they must have the "
+                        f"same length")
+    if x_test is None:
+        y_enc, class_names = _encode_labels(y, what=f"{where}, y")
+        _need_two_classes(class_names, what=f"{where}, y")
+        train, test = _split_or_fail(y_enc, test_fraction=test_fraction, seed=seed, what=where)
+        return image_dataset(name=name, source=source, y=y_enc[train], train_rows=train,
+                             test=MappedRows(source, test), y_test=y_enc[test], class_names=class_names,
+                             fingerprint=fingerprint, origin=origin, split=_split_text(test_fraction, seed))
+    y_test = _labels_1d(np.asarray(y_test), path=path, key="y_test")
+    test_source = NpyRows(x_test, name=f"{where}: x_test")
+    if test_source.shape[1:] != source.shape[1:]:
+        raise DataError(f"{where}: x_test examples have shape {test_source.shape[1:]} but x examples have "
+                        f"{source.shape[1:]}; they must match")
+    if len(y_test) != test_source.shape[0] or len(y_test) == 0:
+        raise DataError(f"{where}: x_test has {test_source.shape[0]} examples and y_test {len(y_test)} labels; "
+                        f"they must be the same number, at least 1")
+    numeric = y.dtype.kind in "biuf" and y_test.dtype.kind in "biuf"
+    both = np.concatenate([y, y_test]) if numeric else np.array([*map(str, y), *map(str, y_test)], dtype=object)
+    y_all, class_names = _encode_labels(both, what=f"{where}, y/y_test")
+    _need_two_classes(class_names, what=f"{where}, y")
+    return image_dataset(name=name, source=source, y=y_all[: len(y)], train_rows=None,
+                         test=MappedRows(test_source), y_test=y_all[len(y):], class_names=class_names,
+                         fingerprint=fingerprint, origin=origin,
+                         split=f"train/test arrays from the files ({len(y)}/{len(y_test)})")
+
+
+def load_array_folder(folder: Path, *, test_fraction: float, seed: int):
+    """A folder holding x.npy and y.npy (optionally x_test.npy and y_test.npy): the images are
+    memory-mapped, never read whole."""
+    files = {key: folder / f"{key}.npy" for key in ("x", "y", "x_test", "y_test")}
+    present = {key for key, p in files.items() if p.is_file()}
+    if ("x_test" in present) != ("y_test" in present):
+        have, lack = ("x_test", "y_test") if "x_test" in present else ("y_test", "x_test")
+        raise DataError(f"{folder}: has {have}.npy but no {lack}.npy; give both or neither (then a split is drawn)")
+    if "y" not in present:
+        raise DataError(f"{folder}: has x.npy but no y.npy; save the labels beside it: numpy.save('y.npy', labels)")
+    arrays = {key: open_npy(files[key]) for key in present}
+    used = [files[k] for k in ("x", "y", "x_test", "y_test") if k in present]
+    return load_mapped_arrays(arrays["x"], np.asarray(arrays["y"]), arrays.get("x_test"),
+                              None if "y_test" not in arrays else np.asarray(arrays["y_test"]),
+                              name=folder.name, where=str(folder), fingerprint=hash_files(used, root=folder),
+                              origin=str(folder.absolute()), test_fraction=test_fraction, seed=seed)
+
+
+def npz_can_be_mapped(path: Path, *, above_bytes: int) -> bool:
+    """Whether `path`'s x is an uncompressed image array larger than `above_bytes` (then it is
+    memory-mapped instead of loaded; a compressed one is loaded, as before)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            info = archive.getinfo("x.npy")
+    except (zipfile.BadZipFile, OSError, KeyError):
+        return False
+    if info.compress_type != zipfile.ZIP_STORED or info.file_size <= above_bytes:
+        return False
+    try:
+        return open_npz_member(path, "x").ndim in (3, 4)
+    except DataError:
+        return False
+
+
+def load_mapped_npz(path: Path, *, test_fraction: float, seed: int):
+    """An .npz archive whose x (and x_test) are stored uncompressed: images memory-mapped in place."""
+    with zipfile.ZipFile(path) as archive:
+        names = set(archive.namelist())
+    has_test = "x_test.npy" in names and "y_test.npy" in names
+    with np.load(path, allow_pickle=False) as archive:  # the labels are small: read them
+        y = archive["y"]
+        y_test = archive["y_test"] if has_test else None
+    x = open_npz_member(path, "x")
+    x_test = open_npz_member(path, "x_test") if has_test else None
+    return load_mapped_arrays(x, y, x_test, y_test, name=path.name, where=str(path),
+                              fingerprint=hash_files([path]), origin=str(path.absolute()),
+                              test_fraction=test_fraction, seed=seed)

@@ -1,0 +1,92 @@
+"""Image folders (one sub-folder per class) as a dataset read on demand.
+
+    folder/
+      cat/  001.png  002.jpg ...
+      dog/  ...
+
+Class names are the sub-folder names in sorted order; every image file (png, jpg, jpeg, bmp, gif,
+tif, tiff, webp) is one example. Only the file list and the labels are held in memory: a training
+step decodes exactly the images its Poisson sample drew (`ImageFileRows`), so the folder may be
+far larger than memory. All images must have one size; the colour mode is the first image's
+(grayscale "L" or "RGB"), and every image is converted to it. The train/test split is a seeded,
+stratified split of the files (engine.datasets.stratified_split).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from engine.array_data import MappedRows, hash_files, image_dataset
+from engine.errors import DataError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+def is_image_folder(folder: Path) -> bool:
+    """A folder with at least one sub-folder that holds an image file."""
+    return any(child.is_dir() and any(_images_in(child)) for child in folder.iterdir())
+
+
+def _images_in(folder: Path):
+    return (p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+class ImageFileRows:
+    """Examples as image files: `read(rows)` decodes those files into (n, C, H, W) uint8."""
+
+    def __init__(self, files: list[Path], *, name: str):
+        self.files = files
+        self.name = name
+        first = self._open(files[0])
+        self.mode = "L" if first.mode in ("1", "L", "I", "I;16", "F") else "RGB"
+        self.size = first.size  # (width, height)
+        channels = 1 if self.mode == "L" else 3
+        self.shape = (len(files), channels, first.size[1], first.size[0])
+
+    def _open(self, path: Path):
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            image = Image.open(path)
+            image.load()
+        except (OSError, UnidentifiedImageError) as e:
+            raise DataError(f"{path}: cannot be read as an image ({e}); remove or replace the file") from None
+        return image
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        out = np.empty((len(rows), *self.shape[1:]), dtype=np.uint8)
+        for i, row in enumerate(rows):
+            path = self.files[int(row)]
+            image = self._open(path)
+            if image.size != self.size:
+                raise DataError(f"{path}: is {image.size[0]}x{image.size[1]} pixels but the folder's images are "
+                                f"{self.size[0]}x{self.size[1]}; resize every image to one size")
+            pixels = np.asarray(image.convert(self.mode), dtype=np.uint8)
+            out[i] = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+        return out
+
+
+def load_image_folder(folder: Path, *, test_fraction: float, seed: int):
+    """The images under `folder`'s class sub-folders as a Dataset whose inputs are decoded on demand."""
+    from engine.datasets import _need_two_classes, _split_or_fail, _split_text
+
+    classes = sorted(child.name for child in folder.iterdir() if child.is_dir() and any(_images_in(child)))
+    files: list[Path] = []
+    labels: list[int] = []
+    for label, name in enumerate(classes):
+        found = list(_images_in(folder / name))
+        files.extend(found)
+        labels.extend([label] * len(found))
+    if not files:
+        raise DataError(f"{folder}: holds no image files in class sub-folders; put each class's images "
+                        f"({', '.join(IMAGE_SUFFIXES)}) in a sub-folder named after the class")
+    _need_two_classes(classes, what=str(folder))
+    y = np.array(labels, dtype=np.int64)
+    source = ImageFileRows(files, name=str(folder))
+    train, test = _split_or_fail(y, test_fraction=test_fraction, seed=seed, what=str(folder))
+    return image_dataset(name=folder.name, source=source, y=y[train], train_rows=train,
+                         test=MappedRows(source, test), y_test=y[test], class_names=classes,
+                         fingerprint=hash_files(files, tag="image-folder", root=folder),
+                         origin=str(folder.absolute()), split=_split_text(test_fraction, seed))

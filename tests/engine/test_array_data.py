@@ -1,0 +1,190 @@
+"""Images read on demand (engine.array_data, engine.image_folder): folders of .npy arrays, .npz
+archives mapped in place, image folders. Real files in tmp_path; the in-memory loaders are the
+reference the on-demand ones must agree with, value for value."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine import array_data
+from engine.array_data import MappedRows, NpyRows, open_npz_member
+from engine.config import RunConfig
+from engine.datasets import load_dataset
+from engine.errors import DataError
+from engine.runs import prepare
+
+
+def _images(n: int = 400, classes: int = 4, seed: int = 0, size: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """Noise images with a bright class-specific band: easy to learn, different in every row."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes, n)
+    x = rng.integers(0, 80, (n, 1, size, size), dtype=np.uint8)
+    for k in range(classes):
+        x[y == k, 0, 2 * k : 2 * k + 2, :] = 240
+    return x, y
+
+
+def _array_folder(folder: Path, x, y, x_test=None, y_test=None) -> Path:
+    folder.mkdir()
+    np.save(folder / "x.npy", x)
+    np.save(folder / "y.npy", y)
+    if x_test is not None:
+        np.save(folder / "x_test.npy", x_test)
+        np.save(folder / "y_test.npy", y_test)
+    return folder
+
+
+def test_an_array_folder_is_memory_mapped_and_reads_what_the_in_memory_loader_reads(tmp_path):
+    x, y = _images()
+    folder = _array_folder(tmp_path / "arrays", x, y)
+    np.savez(tmp_path / "same.npz", x=x, y=y)
+    mapped = load_dataset(folder, seed=3)
+    in_memory = load_dataset(tmp_path / "same.npz", seed=3)
+    assert isinstance(mapped.x_train, MappedRows) and isinstance(in_memory.x_train, torch.Tensor)
+    assert isinstance(mapped.x_train.source.array, np.memmap)
+    assert mapped.x_train.shape == tuple(in_memory.x_train.shape) and mapped.num_test == in_memory.num_test
+    assert torch.equal(mapped.y_train, in_memory.y_train) and torch.equal(mapped.y_test, in_memory.y_test)
+    assert mapped.normalization == in_memory.normalization and mapped.split == in_memory.split
+    idx = torch.tensor([5, 0, 399 - 80, 5, 17])  # unsorted, repeated: as indexing a tensor
+    assert torch.equal(mapped.x_train[idx], in_memory.x_train[idx])
+    assert torch.equal(mapped.x_train[10:74], in_memory.x_train[10:74])
+    assert torch.equal(mapped.x_test[:], in_memory.x_test)
+    grid = torch.tensor([[1, 2], [3, 4]])  # a teacher group's (teachers, rows) index
+    assert torch.equal(mapped.x_train[grid], in_memory.x_train[grid])
+    assert len(mapped.fingerprint) == 64 and load_dataset(folder, seed=3).fingerprint == mapped.fingerprint
+
+
+def test_dp_sgd_on_mapped_data_trains_the_same_model_as_on_the_same_data_in_memory(tmp_path):
+    # Reproducible noise seeds the Poisson sampling and the noise: the same indices are drawn over
+    # the same N rows, so the only difference could be the rows read - and there is none.
+    x, y = _images(600)
+    x_test, y_test = _images(100, seed=1)
+    folder = _array_folder(tmp_path / "arrays", x, y, x_test, y_test)
+    np.savez(tmp_path / "same.npz", x=x, y=y, x_test=x_test, y_test=y_test)
+    runs = []
+    for dataset in (folder, tmp_path / "same.npz"):
+        config = RunConfig(dataset=str(dataset), mechanism="dpsgd", model="mlp", epochs=2, expected_batch_size=50,
+                           noise_multiplier=1.0, clipping_norm=1.0, learning_rate=0.5, delta=1e-4,
+                           reproducible_noise=True, seed=2, device="cpu")
+        run = prepare(config)
+        result = run.train()
+        runs.append((run, result))
+    (mapped, mapped_result), (in_memory, in_memory_result) = runs
+    assert isinstance(mapped.data.x_train, MappedRows)
+    for (name, a), (_, b) in zip(mapped.model.state_dict().items(), in_memory.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert mapped_result.test_accuracy == in_memory_result.test_accuracy > 0.8
+
+
+def test_a_step_reads_only_its_sampled_rows(tmp_path):
+    x, y = _images(1000)
+    folder = _array_folder(tmp_path / "arrays", x, y)
+
+    class CountingRows(NpyRows):  # the real reader, recording how many rows each read asks for
+        reads: list[int] = []
+
+        def read(self, rows):
+            self.reads.append(len(rows))
+            return super().read(rows)
+
+    config = RunConfig(dataset=str(folder), mechanism="dpsgd", model="mlp", epochs=1, expected_batch_size=20,
+                       noise_multiplier=1.0, clipping_norm=1.0, delta=1e-4, device="cpu")
+    run = prepare(config)
+    run.data.x_train.source.__class__ = CountingRows  # x_test reads from the same file
+    result = run.train()
+    evaluations = [n for n in CountingRows.reads if n == run.data.num_test]
+    steps = [n for n in CountingRows.reads if n != run.data.num_test]
+    assert len(evaluations) >= 1 and len(steps) == result.steps_done == 40  # 800 rows / 20 per expected batch
+    assert max(steps) < 60 and 400 < sum(steps) < 1200  # Poisson batches around 20, never the whole split
+
+
+def test_an_uncompressed_npz_is_mapped_in_place_and_a_compressed_one_is_loaded(tmp_path, monkeypatch):
+    x, y = _images()
+    np.savez(tmp_path / "plain.npz", x=x, y=y)
+    np.savez_compressed(tmp_path / "packed.npz", x=x, y=y)
+    in_memory = load_dataset(tmp_path / "plain.npz")
+    monkeypatch.setattr(array_data, "MAP_NPZ_ABOVE_BYTES", 1000)  # as if this archive were large
+    mapped = load_dataset(tmp_path / "plain.npz")
+    assert isinstance(mapped.x_train, MappedRows) and isinstance(mapped.x_train.source.array, np.memmap)
+    assert torch.equal(mapped.x_train[torch.arange(mapped.num_train)], in_memory.x_train)
+    assert mapped.fingerprint == in_memory.fingerprint  # the file's sha256 either way
+    assert isinstance(load_dataset(tmp_path / "packed.npz").x_train, torch.Tensor)
+    with pytest.raises(DataError, match=r"packed.npz: array 'x' is compressed and cannot be memory-mapped; save "
+                                         r"the archive with numpy.savez \(not savez_compressed\), or extract x"):
+        open_npz_member(tmp_path / "packed.npz", "x")
+    with zipfile.ZipFile(tmp_path / "plain.npz") as archive:
+        assert archive.getinfo("x.npy").compress_type == zipfile.ZIP_STORED
+
+
+def _image_folder(root: Path, x: np.ndarray, y: np.ndarray, mode: str = "L") -> list[Path]:
+    from PIL import Image
+
+    paths = []
+    for i, (image, label) in enumerate(zip(x, y)):
+        folder = root / f"class_{label}"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{i:05d}.png"
+        pixels = image[0] if mode == "L" else image.transpose(1, 2, 0)
+        Image.fromarray(pixels, mode=None).save(path)
+        paths.append(path)
+    return paths
+
+
+def test_an_image_folder_is_decoded_on_demand_one_class_per_sub_folder(tmp_path):
+    x, y = _images(120, classes=3)
+    _image_folder(tmp_path / "pictures", x, y)
+    data = load_dataset(tmp_path / "pictures", seed=1, test_fraction=0.25)
+    assert data.class_names == ("class_0", "class_1", "class_2") and data.input_shape == (1, 10, 10)
+    assert data.num_train + data.num_test == 120 and data.num_test == 30
+    # Files are listed class by class in name order: file i of the listing is example order[i].
+    order = np.concatenate([np.flatnonzero(y == k) for k in range(3)])
+    reference = (torch.from_numpy(x[order].astype(np.float32)) / 255.0 - 0.5) / 0.5
+    rows = data.x_train.rows
+    assert torch.equal(data.x_train[torch.arange(data.num_train)], reference[rows])
+    assert torch.equal(data.y_train, torch.from_numpy(y[order][rows]))
+    assert torch.equal(data.x_test[0:30], reference[data.x_test.rows])
+
+
+def test_colour_images_keep_three_channels(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (12, 3, 6, 5), dtype=np.uint8)
+    _image_folder(tmp_path / "colour", x, np.arange(12) % 2, mode="RGB")
+    data = load_dataset(tmp_path / "colour", test_fraction=0.25)
+    assert data.input_shape == (3, 6, 5) and data.normalization["mean"] == [0.5, 0.5, 0.5]
+    assert float(data.x_train[0:9].abs().max()) <= 1.0
+
+
+def test_user_errors_are_one_line_naming_the_file(tmp_path):
+    x, y = _images(40, classes=2)
+    paths = _image_folder(tmp_path / "pictures", x, y)
+    from PIL import Image
+
+    Image.fromarray(np.zeros((12, 12), np.uint8)).save(paths[7])
+    data = load_dataset(tmp_path / "pictures", test_fraction=0.5)
+    with pytest.raises(DataError, match=rf"{paths[7].name}: is 12x12 pixels but the folder's images are 10x10"):
+        data.x_train[torch.arange(data.num_train)], data.x_test[0 : data.num_test]
+    paths[3].write_bytes(b"not an image")
+    with pytest.raises(DataError, match=rf"{paths[3].name}: cannot be read as an image"):
+        data.x_train[torch.arange(data.num_train)], data.x_test[0 : data.num_test]
+
+    np.save(tmp_path / "x.npy", x)
+    with pytest.raises(DataError, match="a .npy file holds one array; put the inputs in x.npy and the labels in y.npy"):
+        load_dataset(tmp_path / "x.npy")
+    lonely = tmp_path / "lonely"
+    lonely.mkdir()
+    np.save(lonely / "x.npy", x)
+    with pytest.raises(DataError, match="has x.npy but no y.npy"):
+        load_dataset(lonely)
+    floats = _array_folder(tmp_path / "floats", np.full((40, 1, 4, 4), 2.0, np.float32), y)
+    data = load_dataset(floats)
+    with pytest.raises(DataError, match=r"row \d+ has pixels outside \[0, 1\]"):
+        data.x_train[0:3]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match="neither x.npy nor class sub-folders of images"):
+        load_dataset(empty)
