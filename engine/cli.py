@@ -164,14 +164,16 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where registered datasets' files are (overrides the base config's data_dir).")
 @click.option("--json", "as_json", is_flag=True, help="Print the study's and its runs' events as JSON lines.")
-def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: bool) -> None:
+@click.option("--plan", "plan_only", is_flag=True,
+              help="Print what the study will run and its epsilon before it runs, then exit (nothing is stored).")
+def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: bool, plan_only: bool) -> None:
     """Run a tuning study from a TOML file: candidate runs of one base config over a search space,
     and one epsilon for the group (private: only the best run is released; composition: all runs;
     exploratory: nothing claimed for the choice).
 
-    Example: dpw study resources/examples/study-digits.toml
+    Example: dpw study resources/examples/study-digits.toml --plan
     """
-    from engine.study import run_study
+    from engine.study import plan_lines, plan_summary, run_study
     from engine.study_config import StudyConfig
 
     config = StudyConfig.load_toml(study_file)
@@ -179,6 +181,13 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
         config = config.with_data_dir(str(data_dir.resolve()))
     elif config.base.data_dir and not Path(config.base.data_dir).is_absolute():
         config = config.with_data_dir(str((study_file.parent / config.base.data_dir).resolve()))
+    if plan_only:
+        summary = plan_summary(config)
+        if as_json:
+            click.echo(json.dumps(summary))
+        for label, text in [] if as_json else plan_lines(summary):
+            click.echo(f"  {label:<14} {text}")
+        return
     store = open_store(db)
     store.check_writable()
 
@@ -201,7 +210,8 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
         label = "released" if config.mode != "exploratory" else "selected"
         click.echo(f"  {label:<14} run {result.released_run_id}: dpw show {result.released_run_id}")
     elif config.mode == "private":
-        click.echo("  released       nothing (no candidate finished)")
+        why = "no candidate finished" if row["status"] == "finished" else f"the study was {row['status']}"
+        click.echo(f"  released       nothing ({why})")
 
 
 def runner_command(db_path: Path, run_id: int, launch: Any = None) -> list[str]:

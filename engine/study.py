@@ -48,7 +48,7 @@ from engine.config import RunConfig
 from engine.privacy import pate as pate_privacy
 from engine.privacy.pld import SubsampledGaussian, pld_epsilon_composed
 from engine.privacy.rdp import DEFAULT_ORDERS, compute_rdp, rdp_to_epsilon
-from engine.privacy.tuning import repeat_and_select_rdp, sample_num_runs
+from engine.privacy.tuning import num_runs_probability, num_runs_quantiles, repeat_and_select_rdp, sample_num_runs
 from engine.privacy.types import Epsilon
 from engine.randomness import PrivateRandomness
 from engine.store import Store, now_iso
@@ -194,6 +194,72 @@ def _training_size(config: RunConfig) -> int:
     from engine.runs import prepare
 
     return prepare(config).data.num_train
+
+
+# ---- the plan as shown before a study runs ------------------------------------------------------------
+def plan_summary(config: StudyConfig, *, with_epsilon: bool = True) -> dict[str, Any]:
+    """What a study will do, from public settings only (`dpw study --plan`, the window's Study dialog):
+    its space and grid size, how many runs (private: K's distribution, never a draw), and with
+    `with_epsilon` (which loads the dataset for its size) the study's epsilon before it runs next to
+    one candidate's alone. Exploratory studies claim nothing for the selection: no study epsilon."""
+    grid = config.grid()
+    summary: dict[str, Any] = {
+        "name": config.name, "mode": config.mode, "mechanism": config.base.mechanism,
+        "dataset": config.base.dataset, "search": config.search,
+        "space": {k: list(v) for k, v in config.space.items()}, "grid_size": len(grid), "delta": config.base.delta,
+    }
+    if config.mode == "private":
+        quantiles = num_runs_quantiles(mean_runs=config.mean_runs, shape=config.shape, probabilities=[0.5, 0.9])
+        summary["num_runs"] = {
+            "distribution": "poisson" if np.isinf(config.shape) else "truncated negative binomial",
+            "mean": config.mean_runs, "shape": None if np.isinf(config.shape) else config.shape,
+            "median": quantiles[0], "p90": quantiles[1],
+            "p_none": num_runs_probability(mean_runs=config.mean_runs, shape=config.shape, k=0)}
+    else:
+        summary["num_runs"] = {"fixed": len(grid) if config.search == "grid" else config.num_candidates}
+    if not with_epsilon or config.mode == "exploratory" or config.base.mechanism not in ("dpsgd", "pate"):
+        return summary
+    num_train = training_size(config.candidate(grid[0]))
+    if config.mode == "private":
+        eps = private_study_epsilon(config, num_train)
+    else:
+        eps = composition_epsilon(plan_candidates(config).configs, num_train, config.base.delta)
+    if config.mode == "private":  # the same RDP analysis as the bound, so the difference is the search's price
+        single = max(rdp_to_epsilon(orders=DEFAULT_ORDERS, rdp=candidate_rdp(config.candidate(s), num_train),
+                                    delta=config.base.delta).value for s in grid)
+    else:
+        single = max(composition_epsilon([config.candidate(s)], num_train, config.base.delta).value for s in grid)
+    summary.update(epsilon=eps.value, accountant=eps.accountant, single_run_epsilon=single, num_train=num_train)
+    return summary
+
+
+def plan_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The plan as (label, text) rows, worded once for `dpw study --plan` and the window's dialog."""
+    space = "; ".join(f"{k} in {', '.join(map(str, v))}" for k, v in summary["space"].items())
+    runs = summary["num_runs"]
+    if "fixed" in runs:
+        count = f"{runs['fixed']} (" + ("every combination of the grid" if summary["search"] == "grid"
+                                        else "drawn at random from the grid with the public seed") + ")"
+    else:
+        kind = "Poisson" if runs["distribution"] == "poisson" else \
+            f"truncated negative binomial, shape {runs['shape']:g}" + (" (geometric)" if runs["shape"] == 1 else "")
+        count = (f"random, drawn secretly: {kind}, mean {runs['mean']:g}; median {runs['median']}, "
+                 f"90% of studies run at most {runs['p90']}")
+        if runs["p_none"] > 0:
+            count += f"; with probability {runs['p_none']:.3g} none (nothing released)"
+    rows = [("Study", f"{summary['name']} ({summary['mode']}, {summary['mechanism']} on {summary['dataset']})"),
+            ("Space", f"{space} ({summary['grid_size']} combination{'s' if summary['grid_size'] != 1 else ''})"),
+            ("Runs", count)]
+    if summary["mode"] == "exploratory":
+        rows.append(("Privacy", "each run states its own epsilon; choosing among them is not covered "
+                     "(exploratory: nothing is claimed for the selection)"))
+    elif summary.get("epsilon") is not None:
+        what = "the released best candidate, covering the whole search" if summary["mode"] == "private" \
+            else "all runs, every one releasable"
+        rows.append(("Study epsilon", f"{summary['epsilon']:.4g} at delta {summary['delta']:g} "
+                     f"({summary['accountant']}): {what}"))
+        rows.append(("One run alone", f"{summary['single_run_epsilon']:.4g} (the costliest setting of the space)"))
+    return rows
 
 
 # ---- running -------------------------------------------------------------------------------------

@@ -50,6 +50,8 @@ __all__ = [
     "SHAPE_POISSON",
     "TuningEpsilon",
     "repeat_and_select_rdp",
+    "num_runs_probability",
+    "num_runs_quantiles",
     "sample_num_runs",
     "truncated_negative_binomial_gamma",
     "truncated_negative_binomial_mean",
@@ -131,6 +133,35 @@ def sample_num_runs(*, rng: np.random.Generator, mean_runs: float, shape: float,
     if size is None:
         return int(draws)
     return np.asarray(draws, dtype=np.int64)
+
+
+def num_runs_quantiles(*, mean_runs: float, shape: float, probabilities) -> list[int]:
+    """The smallest k with P[K <= k] >= p for each p, K distributed as `sample_num_runs` draws it:
+    what a study's plan shows of its number of runs (e.g. its median and 90th percentile)."""
+    eta = _shape(shape)
+    mu = _mean_runs(mean_runs)
+    p = np.asarray(probabilities, dtype=float)
+    if p.ndim != 1 or np.any(~((p >= 0.0) & (p < 1.0))):
+        raise ValueError(f"probabilities must be a list of numbers in [0, 1); got {probabilities!r}")
+    if mu == 1.0 and not math.isinf(eta):
+        return [1] * p.size
+    if math.isinf(eta):
+        log_pmf, first = _poisson_log_pmf(mu), 0
+    else:
+        log_pmf, first = _tnb_log_pmf(eta, _log_inverse_gamma(eta, mu)), 1
+    # P[K <= k] >= p is the first k whose cumulative sum exceeds p minus one ulp-sized step.
+    return [int(k) for k in _inverse_cdf(log_pmf, first, np.nextafter(p, -np.inf).clip(0.0))]
+
+
+def num_runs_probability(*, mean_runs: float, shape: float, k: int) -> float:
+    """P[K = k] for K as `sample_num_runs` draws it (Poisson's P[K = 0]: the study releases nothing)."""
+    eta = _shape(shape)
+    mu = _mean_runs(mean_runs)
+    if mu == 1.0 and not math.isinf(eta):
+        return 1.0 if k == 1 else 0.0
+    if math.isinf(eta):
+        return float(math.exp(_poisson_log_pmf(mu)(float(k)))) if k >= 0 else 0.0
+    return float(math.exp(_tnb_log_pmf(eta, _log_inverse_gamma(eta, mu))(float(k)))) if k >= 1 else 0.0
 
 
 # ---- the RDP of repeat-and-select ---------------------------------------------------------------
