@@ -9,6 +9,10 @@ attack of Yeom et al. 2018), and compare with the theoretical curve of the run's
 PATE, the teachers' private training data against the student's held-out evaluation examples
 (the public pool the student learnt from is neither).
 
+A run trained with `audit_canaries` also carries the one-run canary audit (Steinke, Nasr and
+Jagielski 2023) computed at the end of its training (engine.dpsgd.canaries): its counts and epsilon
+lower bound are read from the run's summary (which canaries were included was never stored).
+
 The result is computed from private data: it is shown locally, and a report carries it only when
 asked (`dpw report --include-audit`), flagged at its top.
 """
@@ -36,6 +40,7 @@ class RunAudit:
     members_from: str
     nonmembers_from: str
     seed: int
+    canaries: dict[str, Any] | None = None  # the run's canary audit (count, kind, epsilon_lower_bound, ...)
 
     def to_json(self) -> dict[str, Any]:
         """The `dpw audit --json` object."""
@@ -50,7 +55,7 @@ class RunAudit:
             "nonmembers": self.nonmembers_from,
             "seed": self.seed,
             "mia": self.mia.to_json(),
-            "canaries": None,
+            "canaries": self.canaries,
         }
 
 
@@ -85,7 +90,28 @@ def audit_run(store, run_ref: str | int, *, examples: int = DEFAULT_EXAMPLES, se
         theory_tpr=None if risk is None else risk.tradeoff_tpr,
     )
     eps = publishable_epsilon(run)
-    return RunAudit(int(run["id"]), eps.value, eps.delta, eps.guarantee, mia, members_from, nonmembers_from, seed)
+    return RunAudit(int(run["id"]), eps.value, eps.delta, eps.guarantee, mia, members_from, nonmembers_from, seed,
+                    canary_result(run))
+
+
+CANARY_KEYS = ("count", "kind", "epsilon_lower_bound", "confidence", "delta", "guesses", "correct")
+
+
+def canary_result(run: dict[str, Any]) -> dict[str, Any] | None:
+    """The canary audit a run recorded in its summary (None for a run without canaries)."""
+    recorded = (run.get("summary") or {}).get("canaries")
+    if not recorded:
+        return None
+    return {key: recorded.get(key) for key in CANARY_KEYS}
+
+
+def audit_model_line(run: dict[str, Any]) -> str | None:
+    """One line for exports and reports of a model trained with audit canaries (None otherwise)."""
+    canaries = canary_result(run)
+    if canaries is None:
+        return None
+    return (f"audit model: trained with {canaries['count']} {canaries['kind']} canaries (one-run privacy audit), "
+            "which change what it learnt; train without audit_canaries for the model to deploy")
 
 
 def _split(store, run: dict[str, Any], data_dir: str | None):

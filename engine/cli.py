@@ -658,9 +658,14 @@ def export(run_ref: str, db: Path | None, out_dir: Path, force: bool) -> None:
     """
     from engine.export import export_run
 
-    files = export_run(open_store(db), run_ref, out_dir, force=force)
+    from engine.audit_run import audit_model_line
+
+    store = open_store(db)
+    files = export_run(store, run_ref, out_dir, force=force)
     for name, digest in files.items():
         click.echo(f"{out_dir / name}  {digest}")
+    if line := audit_model_line(store.find_run(run_ref)):
+        click.echo(f"NOTE: {line}")
 
 
 @cli.command()
@@ -706,6 +711,8 @@ def audit(run_ref: str, db: Path | None, data_dir: Path | None, examples: int, s
     """Membership-inference audit of a run's model: how well its per-example loss tells training
     members from held-out examples (AUC, TPR at FPR 1% and 0.1%, 95% bootstrap intervals), checked
     against the theoretical bound of the run's guarantee. Computed from private data: shown here only.
+    A run trained with audit_canaries also shows its one-run canary audit: an epsilon lower bound at
+    95% confidence.
 
     Example: dpw audit 3 --json
     """
@@ -729,6 +736,11 @@ def audit(run_ref: str, db: Path | None, data_dir: Path | None, examples: int, s
             click.echo(f"  TPR at FPR {_percent(fpr):<5} {100 * tpr:.3g}%  [{100 * lo:.3g}%, {100 * hi:.3g}%]")
         if mia.theory is not None and not mia.theory.above_theory:
             click.echo(f"  theory check     {mia.theory.message}")
+        canaries = result.canaries
+        click.echo("  canary audit     " + ("none (the run had no audit_canaries)" if canaries is None else
+                   f"epsilon >= {canaries['epsilon_lower_bound']:.3g} at delta {canaries['delta']:g} "
+                   f"({100 * canaries['confidence']:g}% confidence; {canaries['correct']} of {canaries['guesses']} "
+                   f"guesses right, {canaries['count']} {canaries['kind']} canaries)"))
     if mia.theory is not None and mia.theory.above_theory:
         click.echo(f"WARNING: {mia.theory.message}", err=True)
 

@@ -38,6 +38,7 @@ DEVICES = ("auto", "cpu", "cuda")
 ACCOUNTANT_CHOICES = ("pld", "rdp")
 NOISE_SAMPLERS = ("standard", "hardened")
 NORMALIZATIONS = ("bounds", "dp", "exact")  # engine.feature_scaling
+AUDIT_CANARY_KINDS = ("input", "gradient")  # engine.dpsgd.canaries
 
 
 @dataclass(frozen=True)
@@ -456,6 +457,19 @@ class RunConfig:
         "sensitivity. Unset: chosen as release_parameters says.", kind=float, minimum=0.0, maximum=1e6,
         exclusive_minimum=True, optional=True, mechanisms=("pate",), group="pate",
     )
+    # ---- one-run canary audit (Steinke, Nasr & Jagielski 2023; engine.dpsgd.canaries) ------------
+    audit_canaries: int = _spec(
+        0, label="Audit canaries", help="Insert this many canaries, each included with probability 1/2 "
+        "(secret randomness), and after training turn the guesses about which were included into an epsilon "
+        "lower bound (95% confidence). The model is then marked as an audit model. 0: no audit.", kind=int,
+        minimum=0, maximum=100_000, unit="canaries", group="audit",
+    )
+    audit_canary_kind: str = _spec(
+        "input", label="Canary kind", help="input: mislabelled random inputs added to the training data (black "
+        "box, every mechanism). gradient (DP-SGD only): a synthetic per-step gradient of norm clipping_norm in "
+        "a fixed secret direction, sampled like an example (white box, much tighter).", kind=str,
+        choices=AUDIT_CANARY_KINDS, group="audit",
+    )
 
     seed: int = _spec(
         0, label="Seed", help="Seeds initialisation, splits, shards, augmentation and training order, so "
@@ -545,13 +559,25 @@ class RunConfig:
                 "use a delta well below 1/N, e.g. " + f"{10 ** math.floor(math.log10(0.1 / num_train)):g}",
             )
         if self.mechanism == "pate":
+            self._check_audit_against_dataset(num_train)
             self._check_pate_against_dataset(num_train, num_test)
             return
+        self._check_audit_against_dataset(num_train)
         if self.expected_batch_size > num_train:
             raise ConfigError(
                 "expected_batch_size",
                 f"{self.expected_batch_size} is larger than the {num_train} training examples",
                 hint=f"allowed: 1 to {num_train}",
+            )
+
+    def _check_audit_against_dataset(self, num_train: int) -> None:
+        """Input canaries join the training data: at most a quarter of it, so that the audited model is
+        still mostly the model of the real data."""
+        if self.audit_canary_kind == "input" and self.audit_canaries > num_train // 4:
+            raise ConfigError(
+                "audit_canaries",
+                f"{self.audit_canaries} input canaries are more than a quarter of the {num_train} training examples",
+                hint=f"allowed: 0 to {num_train // 4} (a few hundred are enough for a lower bound)",
             )
 
     def _check_pate_against_dataset(self, num_train: int, num_test: int | None) -> None:
@@ -725,7 +751,16 @@ def collect_errors(values: dict[str, Any]) -> list[ConfigError]:
     if values.get("mechanism") == "pate":
         errors.extend(_pate_errors(values))
     errors.extend(_normalization_errors(values))
+    errors.extend(_audit_errors(values))
     return errors
+
+
+def _audit_errors(values: dict[str, Any]) -> list[ConfigError]:
+    if values.get("audit_canaries") and values.get("audit_canary_kind") == "gradient" \
+            and values.get("mechanism") != "dpsgd":
+        return [ConfigError("audit_canary_kind", f"'gradient' canaries need DP-SGD's per-step gradients, not "
+                            f"mechanism {values.get('mechanism')!r}", hint="use audit_canary_kind = 'input'")]
+    return []
 
 
 def _normalization_errors(values: dict[str, Any]) -> list[ConfigError]:

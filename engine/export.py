@@ -101,6 +101,7 @@ def model_card(trained: TrainedModel, files: dict[str, str], plan: dict[str, Any
     """What a deployer needs to know: inputs, outputs, the guarantee (the publishable epsilon, or that
     there is none), provenance, files. The training data is named by file name and fingerprint only;
     no teacher statistics, sample counts or training losses."""
+    from engine.audit_run import audit_model_line
     from engine.publication import public_dataset_name, randomness
     from engine.report import privacy_statement, software_versions
 
@@ -128,6 +129,7 @@ def model_card(trained: TrainedModel, files: dict[str, str], plan: dict[str, Any
                           "fingerprint": (plan or {}).get("dataset_fingerprint")},
         "test_accuracy": run.get("accuracy"),
         "privacy": privacy_statement(run),
+        "audit_model": audit_model_line(run),  # None, or: trained with audit canaries (engine.audit_run)
         "randomness": randomness(run),
         "software": software_versions(),
         "files": files,

@@ -5,7 +5,8 @@ Two sources, never mixed (ARCHITECTURE.md, "Randomness"):
 - `seed` (public, stored, in reports) drives initialisation, splits, shards, augmentation and
   training order; `seeded_torch_generator` and `seeded_int` turn it into generators for those.
 - `PrivateRandomness.for_run(config)` is the source of Poisson sampling, DP-SGD noise, PATE
-  aggregation noise, smooth-sensitivity release noise and any later mechanism's draws. Its root is
+  aggregation noise, smooth-sensitivity release noise, the audit canaries (AUDIT_CANARY_*) and any
+  later mechanism's draws. Its root is
   256 bits from `secrets` (the operating system's CSPRNG), held only in this object: never stored,
   logged, emitted, or derivable from anything that is. With `reproducible_noise = true` the root is
   derived from `seed` instead (debugging only: such a run carries no privacy guarantee).
@@ -31,6 +32,13 @@ import torch
 ROOT_BITS = 256
 PRIVACY_NOISE = ("secret", "seeded")
 SEED_DOMAIN = 0x5EED_0F_D9  # separates "seeded from seed" roots from any other use of the seed
+
+# The one-run canary audit's streams (engine.dpsgd.canaries): which canaries are included (the secret
+# the audit's p-value rests on), what they are (inputs, labels, gradient directions), and for gradient
+# canaries which steps each included one joins (Poisson, like an example).
+AUDIT_CANARY_INCLUSION = "audit_canary_inclusion"
+AUDIT_CANARY_CONTENT = "audit_canary_content"
+AUDIT_CANARY_SAMPLING = "audit_canary_sampling"
 
 _MT19937_WORDS = 624
 _CPU_STATE_BYTES = 5056  # torch's CPU generator state: the legacy mt19937 record (see _fill_mt19937)

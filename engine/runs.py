@@ -106,6 +106,8 @@ class PreparedRun:
             summary["randomness"] = randomness_summary(self.config)
         if self.data_parallel is not None:
             summary["distributed"] = dict(self.data_parallel.summary(), parameters_identical=self.parameters_identical)
+        if "canaries" in result.extra:  # the one-run canary audit (engine.dpsgd.canaries): counts only
+            summary.update(canaries=result.extra["canaries"], audit_model=True)
         summary["per_class_accuracy"] = per_class_accuracy(
             trainer.predict(self.model, self.data.x_test.to(self.device)).cpu(), self.data.y_test, self.data.class_names
         )

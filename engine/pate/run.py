@@ -97,6 +97,7 @@ class PATEResult:
     released: pate_smooth.ReleasedEpsilon | None = None
     epsilon_released: float | None = None
     student: StudentResult | None = None
+    canaries: dict[str, Any] | None = None  # the one-run canary audit's counts (engine.dpsgd.canaries)
     vote_rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     vote_rows_stored: int = 0  # how many of vote_rows the vote sink has already written
 
@@ -141,11 +142,21 @@ class PreparedPATERun:
     def train(self, should_stop: Callable[[], bool] = lambda: False) -> PATEResult:
         t0 = time.monotonic()
         result = PATEResult(stop_reason="completed", seconds=0.0)
+        if self.config.audit_canaries:  # mislabelled inputs in the teachers' shards, scored on the student
+            from engine.dpsgd.canaries import InputCanaries
+
+            self._canaries = InputCanaries.draw(self.randomness, self.config.audit_canaries,
+                                                x_train=self.data.x_train, num_classes=self.data.num_classes)
         teachers = self._train_teachers(should_stop)
         try:
-            return self._use_teachers(teachers, result, t0, should_stop)
+            result = self._use_teachers(teachers, result, t0, should_stop)
         finally:
             teachers.close()
+        if getattr(self, "_canaries", None) is not None and result.student is not None:
+            result.canaries = self._canaries.audit(self.model, delta=self.config.delta,
+                                                   device=self.device).to_json()
+        self._canaries = None
+        return result
 
     def _use_teachers(self, teachers: Teachers | RayTeachers, result: PATEResult, t0: float,
                       should_stop: Callable[[], bool]) -> PATEResult:
@@ -203,6 +214,9 @@ class PreparedPATERun:
     def _train_teachers(self, should_stop: Callable[[], bool]) -> Teachers | RayTeachers:
         config, emit, data = self.config, self.emit, self.data
         shards = partition(data.num_train, config.num_teachers, seed=_seed(config, 1))
+        x_train, y_train = data.x_train, data.y_train
+        if getattr(self, "_canaries", None) is not None:
+            x_train, y_train, shards = self._canaries.join_shards(x_train, y_train, shards)
         models = build_teachers(self.teacher_model_name, input_shape=data.input_shape,
                                 num_classes=data.num_classes, num_teachers=config.num_teachers,
                                 seed=_seed(config, 2))
@@ -226,11 +240,11 @@ class PreparedPATERun:
         if config.teachers_backend == "ray":
             session = RaySession(config.ray_address)
             try:
-                return train_teachers_on_ray(models, data.x_train, data.y_train, shards, session=session, **common)
+                return train_teachers_on_ray(models, x_train, y_train, shards, session=session, **common)
             except BaseException:
                 session.close()
                 raise
-        return train_teachers(models, data.x_train, data.y_train, shards, device=self.device, **common)
+        return train_teachers(models, x_train, y_train, shards, device=self.device, **common)
 
     def _report_teachers(self, holdout_pred: torch.Tensor) -> tuple[np.ndarray, float]:
         emit = self.emit
@@ -416,6 +430,8 @@ class PreparedPATERun:
                                   "release_rdp": float(r.release_rdp), "rdp_released": float(r.rdp_released),
                                   "parameters_from_data": r.parameters_from_data,
                                   "conditions_hold": r.conditions_hold}
+        if result.canaries is not None:
+            summary.update(canaries=result.canaries, audit_model=True)
         if result.student is not None:
             s = result.student
             summary.update(test_accuracy=s.test_accuracy, test_loss=s.test_loss, student_epochs=s.epochs_done,
