@@ -349,3 +349,18 @@ def test_a_private_pate_study_covers_its_noisiest_aggregator_setting():
         orders=DEFAULT_ORDERS, rdp=worst + score, mean_runs=2, shape=1.0)).value
     assert private_study_epsilon(config, num_train=0).value == pytest.approx(expected, rel=1e-12)
     assert expected > pate_data_independent_epsilon([config.candidate({"gnmax_sigma": 10.0})])
+
+
+# ---- the plan before a study runs -------------------------------------------------------------------
+def test_dpw_study_plan_states_the_epsilon_before_running_and_stores_nothing(tmp_path):
+    path = REPO / "resources" / "examples" / "study-digits.toml"
+    result = CliRunner().invoke(cli, ["study", str(path), "--plan", "--json", "--db", str(tmp_path / "r.sqlite")])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    config = StudyConfig.load_toml(path)
+    assert plan["grid_size"] == 6 and plan["num_runs"]["mean"] == 3 and plan["num_runs"]["median"] == 2
+    assert plan["epsilon"] == pytest.approx(private_study_epsilon(config, plan["num_train"]).value)
+    assert plan["epsilon"] > plan["single_run_epsilon"]
+    assert not (tmp_path / "r.sqlite").exists()
+    text = CliRunner().invoke(cli, ["study", str(path), "--plan"]).output
+    assert "Study epsilon  4.3" in text and "90% of studies run at most 6" in text

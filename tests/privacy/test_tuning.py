@@ -367,3 +367,19 @@ def test_cli_errors_are_one_line(extra, words):
 def test_cli_help_ends_with_an_example():
     result = CliRunner().invoke(cli, ["privacy", "tuning", "--help"])
     assert "Example: dpw privacy tuning --sample-rate" in result.output
+
+
+# ---- what a plan shows of K ---------------------------------------------------------------------
+@pytest.mark.parametrize("mean_runs", [1.5, 3.0, 8.0, 40.0])
+def test_num_runs_quantiles_match_scipy_for_poisson_and_geometric(mean_runs):
+    from engine.privacy.tuning import num_runs_probability, num_runs_quantiles
+
+    p = [0.1, 0.5, 0.9, 0.99]
+    assert num_runs_quantiles(mean_runs=mean_runs, shape=math.inf, probabilities=p) == \
+        [int(k) for k in stats.poisson(mean_runs).ppf(p)]
+    # geometric (shape 1) on 1, 2, ...: success probability gamma = 1 / mean
+    assert num_runs_quantiles(mean_runs=mean_runs, shape=1.0, probabilities=p) == \
+        [int(k) for k in stats.geom(1.0 / mean_runs).ppf(p)]
+    assert num_runs_probability(mean_runs=mean_runs, shape=math.inf, k=0) == pytest.approx(math.exp(-mean_runs))
+    assert num_runs_probability(mean_runs=mean_runs, shape=1.0, k=0) == 0.0
+    assert num_runs_probability(mean_runs=mean_runs, shape=1.0, k=1) == pytest.approx(1.0 / mean_runs)
