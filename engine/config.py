@@ -89,7 +89,8 @@ class RunConfig:
         "mnist",
         label="Dataset",
         help="A registered dataset (mnist, fashion-mnist, cifar10, svhn, digits, breast-cancer) "
-        "or the path of a .csv or .npz file.",
+        "or the path of a .csv or .npz file, of a folder holding x.npy and y.npy (memory-mapped: images "
+        "larger than memory), or of an image folder (one sub-folder per class, read on demand).",
         kind=str,
         group="data",
     )
