@@ -120,6 +120,68 @@ def test_report_preview_and_save(pate_window_and_run, qtbot, tmp_path):
     dialog.close()
 
 
+def _click_scene(plot, scene_pos, qtbot) -> None:
+    """A real left click (press and release) on the plot's viewport at a scene position."""
+    from PySide6.QtCore import Qt
+
+    point = plot.mapFromScene(scene_pos)
+    qtbot.mouseClick(plot.viewport(), Qt.MouseButton.LeftButton, pos=point)
+
+
+def test_clicking_a_consensus_point_shows_that_querys_histogram(pate_window_and_run, qtbot):
+    window, run_id = pate_window_and_run
+    window.select_run(run_id)
+    window.act_votes.trigger()
+    view = window.votes
+    view.resize(1200, 800)
+    qtbot.waitUntil(lambda: len(view.rows) == 120, timeout=5000)
+    view.query.setValue(0)
+    qtbot.wait(100)  # laid out and auto-ranged
+    stored = Store(window.store.path).votes(run_id)
+    for wanted in (37, 90):
+        _click_scene(view.consensus_plot, view.scene_position_of(wanted), qtbot)
+        qtbot.waitUntil(lambda: view.query.value() == wanted, timeout=3000)
+        assert view.selected == wanted
+        assert list(view.bars.opts["height"]) == stored[wanted]["histogram"]
+        assert f"Query {wanted}:" in view.query_info.text()
+        # the selected point is ringed on the consensus plot
+        assert list(view.selected_curve.xData) == [wanted]
+    # a click outside the plotting area selects nothing
+    from PySide6.QtCore import QPointF
+
+    corner = view.consensus_plot.getPlotItem().getViewBox().sceneBoundingRect().topLeft()
+    assert view.query_at(corner - QPointF(5, 5)) is None
+
+
+def test_the_histogram_marks_the_threshold_and_the_released_label(pate_window_and_run):
+    window, run_id = pate_window_and_run
+    window.select_run(run_id)
+    window.act_votes.trigger()
+    view = window.votes
+    stored = Store(window.store.path).votes(run_id)
+    answered = next(r for r in stored if r["answered"])
+    view.select_query(answered["query_index"])
+    assert view.threshold_line.isVisible() and view.threshold_line.value() == PATE_DIGITS["threshold"]
+    assert "threshold T = 4" in view.threshold_line.label.format
+    assert view.released_text.toPlainText() == f"▼ released label {answered['label']}"
+    brushes = view.bars.opts["brushes"]
+    released_colour = brushes[answered["label"]].color().name()
+    assert all(b.color().name() != released_colour for i, b in enumerate(brushes) if i != answered["label"])
+    rejected = next((r for r in stored if not r["answered"]), None)
+    if rejected is not None:
+        view.select_query(rejected["query_index"])
+        assert view.released_text.toPlainText() == "" and "rejected" in view.query_info.text()
+
+
+def test_answered_and_rejected_differ_in_shape_and_are_named_in_the_legend(pate_window_and_run):
+    window, _ = pate_window_and_run
+    view = window.votes
+    assert view.answered_curve.opts["symbol"] != view.rejected_curve.opts["symbol"]
+    assert view.answered_curve.opts["symbolSize"] >= 6 and view.rejected_curve.opts["symbolSize"] >= 6
+    names = [label.text for _, label in view.consensus_plot.legend.items]
+    assert any(n.startswith("answered") for n in names) and any(n.startswith("rejected") for n in names)
+
+
 def test_votes_view_fills_while_the_run_goes_on(pate_window_and_run, qtbot):
     # The student trains long enough that the votes must be shown before the run ends.
     from engine.config import RunConfig
