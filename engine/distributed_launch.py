@@ -11,7 +11,10 @@ only node 0 (which holds rank 0) stores the run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -79,26 +82,35 @@ def check_distributable(config: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """torchrun's own launcher; a failed rank is one line here (the run's record says why)."""
+    os.environ.setdefault("LOGLEVEL", "CRITICAL")  # torchrun's loggers read it on import: its own reports
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger(name).setLevel(logging.CRITICAL)  # a failure is told once, below and in the run's record
     args = get_args_parser().parse_args(argv)
     try:
         run(args)
     except SignalException:  # asked to stop (dpw's Ctrl-C): the ranks stopped together, rank 0 recorded it
         return 0
     except ChildFailedError as exc:
-        failures = ", ".join(f"rank {f.global_rank} (exit {f.exitcode})" for f in exc.failures.values())
-        print(f"error: the distributed run ended with a failed process: {failures}", file=sys.stderr)
+        rank, failure = exc.get_first_failure()
+        if (rank, failure.exitcode) != (0, 1):  # rank 0 exiting 1 has recorded the run's failure itself
+            print(f"error: rank {rank} of the distributed run ended first ({_exit(failure.exitcode)})", file=sys.stderr)
         return 1
     except Exception as exc:  # e.g. the rendezvous timed out: one line, not torchrun's traceback
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"error: torchrun could not run the distributed run: {message}", file=sys.stderr)
         return 1
     return 0
+
+
+def _exit(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
 
 
 if __name__ == "__main__":

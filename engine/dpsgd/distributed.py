@@ -27,6 +27,7 @@ import dataclasses
 import datetime
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -157,13 +158,22 @@ class DataParallel:
         try:
             return call()
         except (RuntimeError, ValueError, OSError) as exc:  # DistBackendError and gloo's errors are RuntimeErrors
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = _first_sentence(exc)
             raise DistributedRunError(
                 f"rank {self.rank} of {self.world_size}: another process of the distributed run ended or stopped "
                 f"answering while {doing} ({first})",
                 hint="the privacy spent up to the last completed step is recorded; the launcher's output names "
                 "the rank that failed",
             ) from None
+
+
+def _first_sentence(exc: BaseException) -> str:
+    """gloo's message without its source location and advice: 'Read error [addr]: Connection reset by peer'."""
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    first = re.sub(r"^\[[^\]]*\]\s*", "", text.splitlines()[0])
+    return first.split(". ")[0].rstrip(".")
 
 
 def _unflatten(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
