@@ -41,7 +41,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.attack_risk import percent_up, round_up
+from engine.attack_risk import percent_up
 from engine.audit_job import MEMBERSHIP_AUDIT_KEY
 from workbench.plots import Plot, set_curve
 
@@ -118,7 +118,7 @@ def audit_figure(*, theory: dict[str, Any] | None, audit: dict[str, Any] | None,
     if theory is not None and tradeoff:
         curve = (np.asarray(tradeoff["fpr"], dtype=float), np.asarray(tradeoff["tpr"], dtype=float))
         theory_note = (f"Theory: the best possible membership test at publishable ε = "
-                       f"{round_up(theory['publishable_epsilon'], 3)}, δ = {theory['delta']:g} "
+                       f"{theory['publishable_epsilon']:.3g}, δ = {theory['delta']:g} "
                        f"({theory.get('basis') or 'the run’s guarantee'}). Every TPR shown is an upper bound.")
     elif theory is not None:
         theory_note = f"No theoretical curve: {theory.get('reason') or theory.get('error') or 'no guarantee'}."
@@ -134,6 +134,8 @@ def audit_figure(*, theory: dict[str, Any] | None, audit: dict[str, Any] | None,
         if audit.get("computed"):
             roc_note += f" Computed {audit['computed'].replace('T', ' ')[:16]} UTC."
         check = mia.get("theory") or {}
+        if check.get("message") and not check.get("above_theory"):
+            roc_note += f" Check: {check['message']}; a point of the curve may cross the bound by chance."
         if check.get("above_theory"):
             worst = check.get("worst") or {}
             banner = ("BUG OR BROKEN ASSUMPTION: the attack's ROC lies above the best test this guarantee allows, "
@@ -300,8 +302,8 @@ class AuditView(QWidget):
         self.status = QLabel("")
         self.status.setWordWrap(True)
         self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.log_fpr = QCheckBox("Log FPR axis")
-        self.log_fpr.setToolTip("Show small false-positive rates (1% and 0.1%), where attacks matter")
+        self.log_fpr = QCheckBox("Log scale (small FPR)")
+        self.log_fpr.setToolTip("Log-log axes: small false-positive rates (1%, 0.1%), where attacks matter")
         self.log_fpr.toggled.connect(lambda _on: self._draw())
         bar.addWidget(self.run_button)
         bar.addWidget(self.progress)
@@ -318,6 +320,7 @@ class AuditView(QWidget):
         self._in_legend = set(self.curves)
         self._log_shown = False
         side = QWidget()
+        side.setMinimumWidth(470)
         side_layout = QVBoxLayout(side)
         side_layout.setContentsMargins(0, 0, 0, 0)
         self.table = QTableWidget(0, 4)
@@ -371,29 +374,31 @@ class AuditView(QWidget):
     def _draw(self) -> None:
         figure = self.figure
         log = self.log_fpr.isChecked()
-        if log != self._log_shown:
-            self.plot.getPlotItem().setLogMode(x=log)
+        if log != self._log_shown:  # log-log, as membership attacks are read at small FPR
+            self.plot.set_log_y(log)
+            self.plot.getPlotItem().setLogMode(x=log, y=log)
             self._log_shown = log
         low = LOG_FPR_MIN if log else 0.0
-        chance = np.array([low, 1.0])
+        chance = np.logspace(np.log10(LOG_FPR_MIN), 0.0, 5) if log else np.array([0.0, 1.0])
         shown = {"chance": (chance, chance)}
         if figure is not None:
             shown.update(theory=figure.theory, canary=figure.canary, roc=figure.roc)
-        for key, name, *_ in CURVES:
+        present = set()
+        for key, _name, *_ in CURVES:
             item, curve = self.curves[key], shown.get(key)
             if curve is None:
                 item.setData([], [])
-            else:
-                fpr, tpr = curve
-                keep = fpr >= low
-                set_curve(item, fpr[keep], tpr[keep])
-            if (curve is None) == (key in self._in_legend) and self.plot.legend is not None:
-                if curve is None:
-                    self.plot.legend.removeItem(item)
-                    self._in_legend.discard(key)
-                else:
-                    self.plot.legend.addItem(item, name)
-                    self._in_legend.add(key)
+                continue
+            fpr, tpr = curve
+            keep = (fpr >= low) & (tpr >= low)
+            set_curve(item, fpr[keep], tpr[keep])
+            present.add(key)
+        if present != self._in_legend and self.plot.legend is not None:  # the legend in CURVES order
+            self.plot.legend.clear()
+            for key, name, *_ in CURVES:
+                if key in present:
+                    self.plot.legend.addItem(self.curves[key], name)
+            self._in_legend = present
         if figure is not None:
             self._fill_table(figure)
             self.notes["canary"].setText(figure.canary_note)
@@ -407,10 +412,13 @@ class AuditView(QWidget):
                 label.setText("")
             self.banner.hide()
         view = self.plot.getPlotItem().getViewBox()
-        view.setRange(xRange=(np.log10(LOG_FPR_MIN), 0.0) if log else (0.0, 1.0), yRange=(0.0, 1.0), padding=0.02)
+        limits = (np.log10(LOG_FPR_MIN), 0.0) if log else (0.0, 1.0)
+        view.setRange(xRange=limits, yRange=limits, padding=0.02)
 
     def _fill_table(self, figure: AuditFigure) -> None:
         self.table.setRowCount(len(figure.table))
+        rows = sum(self.table.rowHeight(i) for i in range(len(figure.table)))
+        self.table.setFixedHeight(self.table.horizontalHeader().height() + rows + 2 * self.table.frameWidth() + 2)
         for i, cells in enumerate(figure.table):
             for j, text in enumerate(cells):
                 item = QTableWidgetItem(text)
