@@ -1,9 +1,10 @@
 """PATE teacher groups trained and queried as Ray tasks (`teachers_backend = "ray"`).
 
 The same groups as `engine.pate.teachers.train_teachers` (same group size, same members, same
-per-group shuffling generator), each trained by `train_group` inside a Ray task, so the same seed
-gives the same teachers as the local backend. The training inputs and labels go into Ray's object
-store once (`ray.put`); each task gathers its own group's shards from them. A trained group stays
+per-group shuffling generator), each trained by `train_group` inside a Ray task (on the workers'
+CPUs), so the same seed gives the same teachers as the local backend. Training inputs held in memory
+go into Ray's object store once (`ray.put`) and each task gathers its own group's shards from them;
+inputs read on demand (engine.array_data) are gathered on the driver a group at a time instead. A trained group stays
 in the object store; voting runs as one task per group and only the predicted classes come back.
 
 Privacy: nothing secret leaves the driver. Workers see the private training data (as the local
@@ -25,7 +26,8 @@ from torch import nn
 from engine.errors import ConfigError, DPWError
 from engine.pate.shards import shard_matrix
 from engine.pate.teachers import (
-    ACTIVATION_BUDGET, MakeOptimizer, OnEpoch, TrainedGroup, group_size_for, largest_activation, train_group,
+    ACTIVATION_BUDGET, MakeOptimizer, OnEpoch, TrainedGroup, gather_shards, group_size_for, largest_activation,
+    train_group,
 )
 
 WAIT_SECONDS = 0.2  # how often the driver checks should_stop while tasks run
@@ -64,10 +66,14 @@ class RaySession:
         self.owned = False
 
 
-def _train_group_task(x: np.ndarray, y: np.ndarray, index: np.ndarray, lengths: np.ndarray,
+def _train_group_task(x: np.ndarray, y: np.ndarray, index: np.ndarray | None, lengths: np.ndarray,
                       members: list[nn.Module], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """In a worker: gather this group's shards from the shared arrays and train it."""
-    xs, ys = torch.from_numpy(x[index]), torch.from_numpy(y[index])  # copies: the shared arrays are read-only
+    """In a worker: gather this group's shards from the shared arrays (or take the shards already
+    gathered, `index` None) and train it."""
+    if index is None:
+        xs, ys = torch.from_numpy(x.copy()), torch.from_numpy(y.copy())  # the object store's arrays are read-only
+    else:
+        xs, ys = torch.from_numpy(x[index]), torch.from_numpy(y[index])  # fancy indexing copies
     group: TrainedGroup = train_group(members, xs, ys, lengths, **kwargs)
     return group.ensemble, {"loss_sums": group.loss_sums, "epochs_done": group.epochs_done}
 
@@ -181,15 +187,24 @@ def train_teachers_on_ray(
     size = group_size or group_size_for(models[0], tuple(x.shape[1:]), batch_size, len(models))
     starts = list(range(0, len(models), size))
     total = len(starts) * epochs
-    x_np = np.ascontiguousarray(x.detach().cpu().numpy())
-    x_ref, y_ref = ray.put(x_np), ray.put(np.ascontiguousarray(y.detach().cpu().numpy()))
+    # Inputs in memory go into the object store once; inputs read on demand (engine.array_data) are
+    # gathered here a group at a time, so only the teachers' shards are ever in memory.
+    in_memory = isinstance(x, torch.Tensor)
+    if in_memory:
+        x_ref = ray.put(np.ascontiguousarray(x.detach().cpu().numpy()))
+        y_ref = ray.put(np.ascontiguousarray(y.detach().cpu().numpy()))
     task = ray.remote(num_returns=2)(_train_group_task)
     group_refs, stats_refs, sizes = [], [], []
     for start in starts:
         index, lengths = shard_matrix(list(shards[start : start + size]))
         kwargs = {"first_teacher": start, "epochs": epochs, "batch_size": batch_size,
                   "make_optimizer": make_optimizer, "seed": seed, "vectorize": vectorize}
-        group_ref, stats_ref = task.remote(x_ref, y_ref, index, lengths, list(models[start : start + size]), kwargs)
+        if in_memory:
+            inputs = (x_ref, y_ref, index)
+        else:
+            xs, ys = gather_shards(x, y, index)
+            inputs = (ray.put(xs.numpy()), ray.put(ys.numpy()), None)
+        group_ref, stats_ref = task.remote(*inputs, lengths, list(models[start : start + size]), kwargs)
         group_refs.append(group_ref)
         stats_refs.append(stats_ref)
         sizes.append(len(index))
@@ -213,7 +228,7 @@ def train_teachers_on_ray(
         kept = next((i for i, ref in enumerate(stats_refs) if ref not in finished), len(stats_refs))
         epochs_done = 0 if kept == 0 else epochs_done
     group_refs, sizes = group_refs[:kept], sizes[:kept]
-    num_classes, activation = _shape_facts(models[0], tuple(x.shape[1:]), x_np[:1])
+    num_classes, activation = _shape_facts(models[0], tuple(x.shape[1:]), x[:1].detach().cpu())
     return RayTeachers(
         session=session, group_refs=group_refs, group_sizes=sizes, model_name=model_name, num_classes=num_classes,
         shard_sizes=np.array([len(s) for s in shards]), seconds=time.monotonic() - t0, epochs_done=int(epochs_done),
@@ -221,8 +236,8 @@ def train_teachers_on_ray(
     )
 
 
-def _shape_facts(model: nn.Module, input_shape: tuple[int, ...], x_one: np.ndarray) -> tuple[int, int]:
+def _shape_facts(model: nn.Module, input_shape: tuple[int, ...], x_one: torch.Tensor) -> tuple[int, int]:
     """(classes, floats in the largest activation for one example) of the teacher architecture."""
     with torch.no_grad():
-        num_classes = int(model(torch.from_numpy(x_one)).shape[-1])
+        num_classes = int(model(x_one).shape[-1])
     return num_classes, largest_activation(model, input_shape)

@@ -65,6 +65,33 @@ def test_ray_teachers_equal_local_teachers_for_the_same_seed(session):
     assert votes_ray.sum(axis=1).tolist() == [7] * len(x_query)
 
 
+def test_ray_teachers_on_memory_mapped_images_equal_local_teachers_in_memory(session, tmp_path):
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 300)
+    x = rng.integers(0, 90, (300, 1, 8, 8), dtype=np.uint8)
+    for k in range(3):
+        x[y == k, 0, 2 * k : 2 * k + 2, :] = 250
+    (tmp_path / "arrays").mkdir()
+    np.save(tmp_path / "arrays" / "x.npy", x)
+    np.save(tmp_path / "arrays" / "y.npy", y)
+    np.savez(tmp_path / "same.npz", x=x, y=y)
+    mapped, in_memory = load_dataset(tmp_path / "arrays"), load_dataset(tmp_path / "same.npz")
+    assert not isinstance(mapped.x_train, torch.Tensor)  # read on demand: shards are gathered a group at a time
+    shards = partition(mapped.num_train, 5, seed=1)
+    kwargs = dict(epochs=2, batch_size=8, make_optimizer=_sgd, seed=3, group_size=2)
+
+    def teachers():
+        return build_teachers("digits_cnn", input_shape=(1, 8, 8), num_classes=3, num_teachers=5, seed=2)
+
+    on_ray = train_teachers_on_ray(teachers(), mapped.x_train, mapped.y_train, shards, session=session, **kwargs)
+    local = train_teachers(teachers(), in_memory.x_train, in_memory.y_train, shards, **kwargs)
+    for k in range(5):
+        for name, value in local.member_state_dict(k).items():
+            torch.testing.assert_close(on_ray.member_state_dict(k)[name], value, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(vote_counts(on_ray.predict(in_memory.x_test), 3),
+                          vote_counts(local.predict(mapped.x_test[0 : mapped.num_test]), 3))
+
+
 def test_a_changed_seed_changes_the_ray_teachers(session):
     x, y, _ = _digits()
     shards = partition(len(x), 4, seed=3)
