@@ -87,6 +87,33 @@ class _Field:
         w.blockSignals(False)
 
 
+class ElidedLabel(QLabel):
+    """One line that never grows: a text wider than the label ends in '…' (the whole text is its
+    tooltip), so a long message cannot move or widen anything."""
+
+    def __init__(self, text: str = "", parent: QWidget | None = None):
+        super().__init__(parent)
+        self.full_text = ""
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+        self.setText(text)
+
+    def setText(self, text: str) -> None:  # noqa: N802 (Qt naming)
+        self.full_text = text
+        self.setToolTip(text)
+        self._elide()
+
+    def text(self) -> str:
+        return self.full_text
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt naming)
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        shown = self.fontMetrics().elidedText(self.full_text, Qt.TextElideMode.ElideRight, max(self.width(), 40))
+        super().setText(shown)
+
+
 class SetupForm(QWidget):
     """Edits a RunConfig. `start_requested(config)` when the user starts a valid one."""
 
@@ -142,10 +169,9 @@ class SetupForm(QWidget):
         self.problems.setToolTip("Every setting that stops the run from starting; click one to go to its field.")
         outer.addWidget(self.problems)
         footer = QHBoxLayout()
-        self.summary = QLabel("")
+        self.summary = ElidedLabel("")
         self.summary.setObjectName("summary")
         self.summary.setStyleSheet(f"color: {ERROR_COLOUR};")
-        self.summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
         self.start_button = QPushButton("Start run")
         self.start_button.setDefault(True)
         self.start_button.clicked.connect(self.request_start)
@@ -332,9 +358,8 @@ class SetupForm(QWidget):
             self.summary.setText("")
         else:
             lines = self._problem_lines()
-            more = f" (and {len(lines) - 1} more, listed above)" if len(lines) > 1 else ""
-            self.summary.setText(f"Cannot start: {lines[0]}{more}")
-            self.summary.setToolTip("\n".join(lines))
+            count = f" ({len(lines)} settings to fix, listed above)" if len(lines) > 1 else ""
+            self.summary.setText(f"Cannot start{count}: {lines[0]}")
         self.start_button.setEnabled(valid)
         self.start_button.setToolTip("" if valid else "\n".join(self._problem_lines()))
         self.valid = valid
@@ -408,7 +433,6 @@ class SetupForm(QWidget):
         item.setToolTip(text)
         self.problems.insertItem(0, item)
         self.summary.setText(f"Not started: {text}")
-        self.summary.setToolTip(text)
 
     def _set_preview(self, text: str, *, estimate: bool) -> None:
         self._showing_estimate = estimate

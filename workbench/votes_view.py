@@ -19,7 +19,7 @@ from workbench.plots import Plot, colour, set_curve
 
 ROLLING = 50  # queries in the consensus running mean
 CLICK_RADIUS_PX = 12  # a click selects the nearest query within this many pixels
-ANSWERED, REJECTED, MEAN, SELECTED, RELEASED, THRESHOLD = 0, 1, 4, 3, 1, 3  # colour indices (tab10)
+ANSWERED, REJECTED, MEAN, SELECTED, RELEASED, THRESHOLD = 0, 1, 4, 3, 2, 3  # colour indices (tab10)
 
 
 def consensus(histograms: np.ndarray) -> np.ndarray:
@@ -68,7 +68,8 @@ class VotesView(QWidget):
         self.consensus_plot.addItem(self.marker, ignoreBounds=True)
         self.consensus_plot.setToolTip("Click a point to show that query's teacher votes.")
         self.consensus_plot.scene().sigMouseClicked.connect(self._clicked)
-        self.eps_plot = Plot("ε after each query (data-dependent: a private diagnostic, not publishable)", "query", "ε", legend=False)
+        self.eps_plot = Plot("ε after each query<br><span style='font-size:9pt'>data-dependent: a private "
+                             "diagnostic, not publishable</span>", "query", "ε", legend=False)
         self.eps_curve = self.eps_plot.curve(None, 4)
         grid.addWidget(self.consensus_plot, 0, 0)
         grid.addWidget(self.eps_plot, 1, 0)
@@ -88,7 +89,8 @@ class VotesView(QWidget):
         # Confident GNMax answers only when the top count plus noise reaches the threshold T.
         self.threshold_line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(
             colour(THRESHOLD), width=2, style=Qt.PenStyle.DashLine), label="", labelOpts={
-            "position": 0.02, "anchors": [(0, 1), (0, 1)], "color": colour(THRESHOLD)})
+            "position": 0.98, "anchors": [(1, 1), (1, 1)], "color": colour(THRESHOLD)})
+        self.threshold_line.setZValue(10)  # over the bars
         self.hist_plot.addItem(self.threshold_line)
         self.threshold_line.hide()
         self.released_text = pg.TextItem("", color=colour(RELEASED), anchor=(0.5, 1.0))
