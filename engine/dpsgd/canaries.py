@@ -115,6 +115,10 @@ class InputCanaries(_Secret):
 
     def join(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The training data with the included canaries appended (their number stays in this run)."""
+        if not isinstance(x, torch.Tensor):
+            raise ConfigError("audit_canary_kind", "input canaries join training inputs held in memory; this "
+                              "dataset's inputs are read from disk as training goes",
+                              hint="use audit_canary_kind = 'gradient' (DP-SGD), or a dataset that fits in memory")
         return (torch.cat([x, self._x_in.to(x.device, x.dtype)]),
                 torch.cat([y, self._y_in.to(y.device, y.dtype)]))
 
@@ -136,7 +140,7 @@ class InputCanaries(_Secret):
         was_training = model.training
         model.eval()
         out = []
-        for start in range(0, self.count, chunk):
+        for start in range(0, self.x.shape[0], chunk):
             logits = model(self.x[start:start + chunk].to(device))
             loss = F.cross_entropy(logits, self.y[start:start + chunk].to(device), reduction="none")
             out.append((-loss).double().cpu().numpy())
