@@ -148,7 +148,7 @@ def audit_figure(*, theory: dict[str, Any] | None, audit: dict[str, Any] | None,
     if canaries is not None:
         bound = float(canaries["epsilon_lower_bound"])
         level = f"{100 * float(canaries.get('confidence', 0.95)):g}%"
-        canary_note = (f"Canary audit: {canaries.get('count', '?')} {canaries.get('kind', '')} canaries prove "
+        canary_note = (f"Canary audit ({canaries.get('count', '?')} {canaries.get('kind', '')} canaries, one run): "
                        f"ε ≥ {bound:.3g} at {level} confidence")
         delta = canaries.get("delta", (theory or {}).get("delta"))
         if bound > 0 and delta is not None:
@@ -156,7 +156,7 @@ def audit_figure(*, theory: dict[str, Any] | None, audit: dict[str, Any] | None,
             canary_curve = (fpr, canary_tradeoff(bound, float(delta), fpr))
             canary_note += "; no guarantee whose curve lies under the dotted one holds."
         else:
-            canary_note += " (nothing beyond what any run shows)."
+            canary_note += ": no evidence beyond what any run shows."
 
     table = []
     theory_tpr = (theory or {}).get("tpr_at_fpr") or {}

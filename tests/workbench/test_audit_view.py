@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """A finished DP-SGD run (`dpw run`, a real process) on a user's CSV; (store path, run id, csv path)."""
+    """A finished DP-SGD run (`dpw run`, a real process) on a user's CSV, with 40 input canaries;
+    (store path, run id, csv path)."""
     folder = tmp_path_factory.mktemp("audit")
     rng = np.random.default_rng(0)
     x = rng.normal(size=(400, 4))
@@ -44,6 +45,7 @@ def tiny_run(tmp_path_factory):
         learning_rate = 0.5
         evaluations_per_epoch = 1
         seed = 0
+        audit_canaries = 40
         """), encoding="utf-8")
     db = folder / "runs.sqlite"
     out = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(config), "--db", str(db)],
@@ -76,7 +78,8 @@ def test_the_theoretical_curve_is_drawn_and_stays_under_one(qtbot, tiny_run):
     assert tpr[np.searchsorted(fpr, 0.01)] < 1.0  # a real bound at FPR 1%, not the trivial one
     cells = [view.table.item(0, j).text() for j in range(4)]
     assert cells[0] == "TPR at FPR 1%" and cells[1].startswith("≤ ") and cells[2] == "—"
-    assert "No canaries in this run" in view.notes["canary"].text()
+    bound = listed(db, run_id)["summary"]["canaries"]["epsilon_lower_bound"]  # the training run's own result
+    assert f"Canary audit (40 input canaries, one run): ε ≥ {bound:.3g} at 95% confidence" in view.notes["canary"].text()
     assert "private training data" in view.private_note.text()
 
 
@@ -161,10 +164,10 @@ def test_an_attack_under_the_curve_raises_no_banner():
 
 
 def test_the_canary_bound_is_stated_with_its_curve_when_the_run_had_canaries():
-    summary = {"audit": {"canaries": {"count": 1000, "kind": "gradient", "epsilon_lower_bound": 1.7,
-                                      "confidence": 0.95, "delta": 1e-5}}}
+    summary = {"canaries": {"count": 1000, "kind": "gradient", "epsilon_lower_bound": 1.7,
+                            "confidence": 0.95, "delta": 1e-5}, "audit_model": True}
     figure = audit_figure(theory=None, audit=None, canaries=canary_result(summary))
-    assert "1000 gradient canaries prove ε ≥ 1.7 at 95% confidence" in figure.canary_note
+    assert "(1000 gradient canaries, one run): ε ≥ 1.7 at 95% confidence" in figure.canary_note
     fpr, tpr = figure.canary
     at = np.searchsorted(fpr, 0.01)
     assert tpr[at] == pytest.approx(min(1.0, np.exp(1.7) * fpr[at] + 1e-5), rel=1e-6)  # the (ε, δ)-DP curve
@@ -198,3 +201,20 @@ def test_compare_overlays_one_curve_per_run_in_its_colour_and_the_attack_where_c
     elsewhere = {c.name(): c.opts["pen"].color().name() for c in view.tradeoff.getPlotItem().listDataItems()}
     assert pens["2: r2"] == pens["2: r2 (attack)"] == elsewhere["2: r2"]  # the run's colour in Compare
     assert len({pens["1: r1"], pens["2: r2"], pens["3: r3"]}) == 3
+
+
+def test_the_main_window_shows_the_selected_run_in_its_audit_tab(qtbot, tiny_run):
+    from workbench.app import create_app
+    from workbench.main_window import MainWindow
+
+    db, run_id, _ = tiny_run
+    create_app()
+    window = MainWindow(db, probe=False)
+    qtbot.addWidget(window)
+    window.show()
+    window.select_run(run_id)
+    window.tabs.setCurrentWidget(window.audit)
+    assert window.tabs.tabText(window.tabs.indexOf(window.audit)) == "Audit"
+    assert window.audit.row["id"] == run_id and window.audit.run_button.isEnabled()
+    qtbot.waitUntil(lambda: window.audit.figure.theory is not None, timeout=60000)
+    window.close()

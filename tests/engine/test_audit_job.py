@@ -1,0 +1,36 @@
+"""The membership audit kept with a run: its ROC thinned to its own points, one summary key merged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.audit_job import thin_roc
+from engine.config import RunConfig
+from engine.errors import DPWError
+from engine.store import Store
+
+
+def test_a_thinned_roc_keeps_its_ends_and_only_its_own_points():
+    rng = np.random.default_rng(0)
+    fpr = np.concatenate([[0.0], np.sort(rng.uniform(size=9998)), [1.0]])
+    tpr = np.sqrt(fpr)
+    thin_fpr, thin_tpr = thin_roc(fpr, tpr)
+    assert 100 < thin_fpr.size < 600
+    assert thin_fpr[0] == 0.0 and thin_fpr[-1] == 1.0 and thin_tpr[-1] == 1.0
+    assert np.all(np.isin(thin_fpr, fpr)) and np.all(np.diff(thin_fpr) > 0)
+    assert np.array_equal(thin_tpr, np.sqrt(thin_fpr))  # the ROC's own (fpr, tpr) pairs
+    # at FPR 1% the kept point is the last one at or under 1%: TPR at 1% is not overstated
+    at = np.searchsorted(thin_fpr, 0.01, side="right") - 1
+    assert thin_fpr[at] == fpr[np.searchsorted(fpr, 0.01, side="right") - 1]
+
+
+def test_setting_one_summary_key_keeps_the_others(tmp_path):
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = store.create_run(RunConfig(name="t", dataset="digits", noise_multiplier=1.0))
+    store.update_run(run_id, summary={"test_accuracy": 0.9, "canaries": {"count": 4}})
+    store.set_summary_key(run_id, "membership_audit", {"mia": {"auc": 0.5}})
+    assert store.get_run(run_id)["summary"] == {"test_accuracy": 0.9, "canaries": {"count": 4},
+                                                 "membership_audit": {"mia": {"auc": 0.5}}}
+    with pytest.raises(DPWError, match="no run with id 99"):
+        store.set_summary_key(99, "membership_audit", {})
