@@ -30,6 +30,7 @@ from workbench.audit_view import TheorySource, TradeoffOverlay
 from workbench.plots import Plot, colour, palette_colours, set_curve
 from workbench.run_data import RunData
 from workbench.runs_model import duration_seconds, format_duration
+from workbench.study_rows import exploratory_banner
 
 
 def accuracy_vs_epsilon(data: RunData, row: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -140,6 +141,14 @@ class CompareView(QWidget):
         layout = QVBoxLayout(self)
         self.hint = QLabel("Select two or more runs in the runs list (Ctrl+click), then Compare (Ctrl+K).")
         layout.addWidget(self.hint)
+        # Keeping the best of runs compared here is a selection on the same data that no epsilon covers.
+        self.banner = QLabel()
+        self.banner.setObjectName("exploratoryBanner")
+        self.banner.setWordWrap(True)
+        self.banner.setStyleSheet("QLabel { background: #fff3cd; color: #664d03; border: 1px solid #ffe69c; "
+                                  "padding: 4px; }")
+        self.banner.hide()
+        layout.addWidget(self.banner)
         # One tab per (dataset, mechanism) of the selected runs: the plots never mix them on one axis.
         self.group_tabs = QTabBar()
         self.group_tabs.setObjectName("compareGroups")
@@ -229,6 +238,9 @@ class CompareView(QWidget):
             if eps_series is not None:
                 set_curve(self.eps_steps.curve(label, index), eps_series.x, eps_series.y)
         in_group = {run_id: colours[run_id] for run_id in self.groups.get(key, [])} if key else {}
+        banner = exploratory_banner([row for row, _ in self.runs if row["id"] in in_group])
+        self.banner.setText(banner or "")
+        self.banner.setVisible(banner is not None)
         self._scatter(self.all_rows, in_group)
         where = f" ({group_label(key)})" if key else ""
         self.tradeoff.setLabel("bottom", "publishable ε" + where)

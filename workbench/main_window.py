@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QSplitter,
     QTableView,
     QTabWidget,
+    QToolBar,
 )
 
 from engine.config import RunConfig
@@ -35,6 +36,7 @@ from workbench.run_data import RunData
 from workbench.runs_model import RunsTable, has_model
 from workbench.runs_panel import RunsPanel
 from workbench.settings import Settings
+from workbench.study_dialog import STUDY_FILTER, StudyPlanDialog, StudyProcess
 from workbench.store_client import StoreClient
 from workbench.setup_form import SetupForm
 
@@ -160,6 +162,8 @@ class MainWindow(QMainWindow):
                                       "Start the run set up in the form (queued if another is running)")
         self.act_stop = self._action("S&top run", self.stop_run, "Ctrl+.",
                                      "Stop the selected run after its current step")
+        self.act_study = self._action("St&udy…", self.open_study, "Ctrl+T",
+                                      "Open a tuning study (TOML): see its plan and epsilon, then run it")
         self.act_compare = self._action("&Compare selected runs", self.compare_selected, "Ctrl+K",
                                         "Compare the runs selected in the list")
         self.act_export = self._action("&Export…", self.export_run, "Ctrl+E", "Export the selected run's model")
@@ -190,9 +194,14 @@ class MainWindow(QMainWindow):
         for action in (self.act_open, self.act_save, None, self.act_quit):
             file_menu.addSeparator() if action is None else file_menu.addAction(action)
         run_menu = bar.addMenu("&Run")
-        for action in (self.act_new, self.act_start, self.act_stop, None, self.act_export, self.act_report,
-                       self.act_reuse, None, self.act_delete):
+        for action in (self.act_new, self.act_start, self.act_stop, None, self.act_study, None, self.act_export,
+                       self.act_report, self.act_reuse, None, self.act_delete):
             run_menu.addSeparator() if action is None else run_menu.addAction(action)
+        self.toolbar = QToolBar("Main toolbar", self)
+        self.toolbar.setObjectName("mainToolbar")  # saveState keeps where the user put it
+        for action in (self.act_new, self.act_start, self.act_stop, self.act_study, self.act_compare):
+            self.toolbar.addAction(action)
+        self.addToolBar(self.toolbar)
         view_menu = bar.addMenu("&View")
         for action in (self.act_setup, self.act_dash, self.act_compare, self.act_votes, None, self.act_refresh):
             view_menu.addSeparator() if action is None else view_menu.addAction(action)
@@ -670,6 +679,41 @@ class MainWindow(QMainWindow):
             QMessageBox.warning(self, "Cannot load this run's config", describe_error(exc))
             return
         self.tabs.setCurrentWidget(self.form)
+
+    # ---- tuning studies ------------------------------------------------------------------------
+    def open_study(self, path: str | None = None) -> StudyPlanDialog | None:
+        """Choose a study file, show its plan and epsilon (StudyPlanDialog); Start runs it in the background."""
+        from engine.study_config import StudyConfig
+
+        if path is None:
+            start = self.settings.text("study/folder", str(Path.cwd()))
+            path, _ = QFileDialog.getOpenFileName(self, "Open tuning study", start, STUDY_FILTER)
+            if not path:
+                return None
+        try:
+            config = StudyConfig.load_toml(path)
+        except DPWError as exc:
+            QMessageBox.warning(self, "Cannot load the study", describe_error(exc))
+            return None
+        self.settings.set_text("study/folder", str(Path(path).parent))
+        dialog = StudyPlanDialog(path, config, self.client.environment, self)
+        dialog.accepted.connect(lambda: self.start_study(path))
+        dialog.open()
+        return dialog
+
+    def start_study(self, path: str | Path) -> StudyProcess:
+        """Run `dpw study` on `path` in its own process; its runs appear in the list as they start."""
+        study = StudyProcess(path, self.store.path, self.client.environment, self)
+        self.studies = [s for s in getattr(self, "studies", []) if s.running()] + [study]
+        study.candidate.connect(lambda _run_id: self.refresh_runs())
+        study.ended.connect(self._on_study_ended)
+        self.statusBar().showMessage(f"Study {Path(path).name} started", 5000)
+        return study
+
+    def _on_study_ended(self, study_id: int, status: str, message: str) -> None:
+        self.refresh_runs()
+        what = f"Study {study_id}" if study_id >= 0 else "The study"
+        self.statusBar().showMessage(f"{what} {status}" + (f": {message}" if message else ""), 15000)
 
     # ---- config files --------------------------------------------------------------------------
     def open_config(self, path: str | None = None) -> bool:

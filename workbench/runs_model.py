@@ -12,10 +12,12 @@ from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication
 
 from engine.publication import NO_GUARANTEE_STATEMENT, carries_guarantee, epsilon_label, publishable_epsilon
+from workbench.study_rows import study_label, study_sort_key
 
 COLUMNS = (
     ("id", "#"),
     ("name", "Name"),
+    ("study", "Study"),  # workbench.study_rows: sorting by it groups each study's runs
     ("tags", "Tags"),
     ("mechanism", "Mechanism"),
     ("dataset", "Dataset"),
@@ -32,7 +34,7 @@ COLUMNS = (
 NUMERIC = {"id", "epsilon", "delta", "epsilon_budget", "accuracy", "steps", "duration"}
 # The raw value a column sorts by (numbers as numbers, empty cells last in ascending order).
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1
-FILTERED_KEYS = ("name", "dataset", "mechanism", "status", "tags")
+FILTERED_KEYS = ("name", "dataset", "mechanism", "status", "tags", "study")
 # "stopped": Stop in the window, Ctrl-C or SIGTERM to `dpw run`, or the window closed.
 STOP_REASONS = {"completed": "completed", "budget": "ε budget", "stopped": "stop request"}
 STATUS_COLOURS = {"failed": "#d62728", "running": "#1f77b4", "queued": "#7f7f7f", "stopped": "#ff7f0e"}
@@ -114,6 +116,8 @@ def cell_value(row: dict[str, Any], key: str) -> Any:
         return row.get("started") or ""
     if key == "tags":
         return tags_text(row)
+    if key == "study":
+        return study_sort_key(row)
     return row.get(key)
 
 
@@ -137,8 +141,11 @@ def epsilon_tooltip(row: dict[str, Any]) -> str:
     if not carries_guarantee(row):
         return NO_GUARANTEE_STATEMENT + " (reproducible_noise = true)."
     eps = publishable_epsilon(row)
+    study = f"{eps.note[0].upper()}{eps.note[1:]}." if eps.note else ""
     if eps.value is None:
-        return "No privacy accounted yet."
+        return study or "No privacy accounted yet."
+    if study:  # a study's run states the study's epsilon (engine.publication)
+        return f"ε at δ = {eps.delta:g} ({eps.accountant}).\n{study}"
     if row.get("mechanism") == "pate":
         return (f"Publishable ε ({eps.accountant}): the smaller of PATE's data-independent bound and its "
                 f"smooth-sensitivity release, δ = {eps.delta:g}.")
@@ -215,6 +222,8 @@ class RunsModel(QAbstractTableModel):
                 return _started(value)  # a run that never started has no start time
             if key == "tags":
                 return tags_text(row)
+            if key == "study":
+                return study_label(row)
             return "" if value is None else str(value)
         if role == Qt.ItemDataRole.ForegroundRole and key == "status" and value in STATUS_COLOURS:
             return QColor(STATUS_COLOURS[value])
@@ -267,8 +276,8 @@ class RunsTable(QSortFilterProxyModel):
         if not self._words:
             return True
         row = self.source.rows[source_row]
-        haystack = " ".join(tags_text(row) if key == "tags" else str(row.get(key) or "")
-                            for key in FILTERED_KEYS).lower()
+        haystack = " ".join(tags_text(row) if key == "tags" else study_label(row) if key == "study"
+                            else str(row.get(key) or "") for key in FILTERED_KEYS).lower()
         return all(word in haystack for word in self._words)
 
     def lessThan(self, left, right) -> bool:  # noqa: N802
