@@ -96,12 +96,28 @@ def train_child(folder: str, steps: int, batch: int) -> None:
     result = run.train(should_stop=should_stop)
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
     kb = lambda key: int(status[key].split()[0]) * 1024  # noqa: E731
+    mapped = mapped_rss_bytes(Path(folder))
     print(json.dumps({
         "num_train": run.data.num_train, "x_train": type(run.data.x_train).__name__, "steps": result.steps_done,
         "samples": result.samples_processed, "load_s": loaded, "train_s": time.monotonic() - t1,
         "peak_rss": kb("VmHWM"), "rss_anon_end": kb("RssAnon"), "rss_file_end": kb("RssFile"),
-        "test_accuracy": result.test_accuracy,
+        "test_accuracy": result.test_accuracy, "mapped_rss_end": mapped,
     }))
+
+
+def mapped_rss_bytes(folder: Path) -> dict[str, int]:
+    """Resident bytes of this process's mappings of the data files, by file (/proc/self/smaps)."""
+    out: dict[str, int] = {}
+    current = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        parts = line.split()
+        if parts and "-" in parts[0] and len(parts) >= 6 and parts[5].startswith(str(folder)):
+            current = Path(parts[5]).name
+        elif parts and "-" in parts[0]:
+            current = None
+        elif current and parts[0] == "Rss:":
+            out[current] = out.get(current, 0) + int(parts[1]) * 1024
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             ("train s (steps + final evaluation)", f"{r['train_s']:.1f}"),
             ("peak RSS of the training process", f"{r['peak_rss'] / GB:.3f} GB"),
             ("at the end: anonymous / file-backed", f"{r['rss_anon_end'] / GB:.3f} / {r['rss_file_end'] / GB:.3f} GB"),
+            ("resident pages of the mapped files at the end",
+             ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(r["mapped_rss_end"].items())) or "none"),
             ("peak RSS / data size", f"{r['peak_rss'] / (folder / 'x.npy').stat().st_size:.2%}"),
         ], tablefmt="plain"))
         return 0

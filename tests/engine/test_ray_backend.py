@@ -28,10 +28,12 @@ ray = pytest.importorskip("ray", reason="ray is not installed: pip install -e '.
 
 @pytest.fixture(scope="module")
 def session():
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in the Ray workers (one CPU each), so both backends compute alike
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield RaySession()
     ray.shutdown()
+    torch.set_num_threads(threads)
 
 
 def _digits():
