@@ -407,6 +407,7 @@ class PreparedPATERun:
             "teacher_seconds": round(result.teacher_seconds, 3),
             "num_teachers": self.config.num_teachers,
             "teacher_model": self.teacher_model_name,
+            "teachers_backend": self.config.teachers_backend,
             "aggregator": self.config.aggregator,
             "queries": result.queries_processed,
             "answered": result.answered,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import time
 from pathlib import Path
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", default="1,2", help="torch threads of the local backend, one row each (e.g. 1,2)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    load_at_start = os.getloadavg()[0]
 
     import ray
     from tabulate import tabulate
@@ -93,7 +95,9 @@ def main(argv: list[str] | None = None) -> None:
         ray.shutdown()
 
     print(f"\n{args.teachers} {args.teacher_model} teachers on MNIST ({len(x) // args.teachers} examples each), "
-          f"{args.teacher_epochs} epochs, batch {args.batch_size}, Adam; torch {torch.__version__}, ray {ray.__version__}")
+          f"{args.teacher_epochs} epochs, batch {args.batch_size}, Adam; torch {torch.__version__}, "
+          f"ray {ray.__version__}; 1-minute load average at the start {load_at_start:.1f}, at the end "
+          f"{os.getloadavg()[0]:.1f} (on {os.cpu_count()} cores)")
     print(tabulate(rows, headers="keys", floatfmt=".4g"))
     same = np.array_equal(votes["local"], votes["ray"])
     print(f"votes on the 1,000 evaluation images identical across backends: {same}")
