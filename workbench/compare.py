@@ -309,7 +309,7 @@ class CompareView(QWidget):
         for i, key in enumerate(keys, start=len(RESULT_ROWS)):
             self.table.verticalHeaderItem(i).setToolTip(key)  # the name in TOML files and `dpw show`
             for j, config in enumerate(configs):
-                value = config.get(key, NOT_USED) if key in config else NOT_USED
+                value = config.get(key, NOT_USED)
                 item = QTableWidgetItem("" if value is None else str(value))
                 if key in differ and key in config:
                     item.setBackground(QBrush(highlight))

@@ -406,6 +406,7 @@ class SmoothedCurve:
         self.smooth = plot.curve(None, index, width=1.5)
         self.smooth.opts["name"] = f"{name} (smoothed)"  # named after adding: in the legend only while on
         self.x, self.y = np.empty(0), np.empty(0)
+        self._faint = False
         plot.smoothed.append(self)
 
     def set_data(self, x: np.ndarray, y: np.ndarray) -> None:
@@ -420,10 +421,12 @@ class SmoothedCurve:
 
     def draw(self) -> None:
         weight = self.plot.smoothing
-        pen = colour(self.index)
-        if weight > 0:
-            pen.setAlpha(self.RAW_ALPHA)
-        self.raw.setPen(pg.mkPen(pen, width=1))
+        if self._faint != (weight > 0):  # a new pen only when smoothing is switched, not every frame
+            self._faint = weight > 0
+            pen = colour(self.index)
+            if self._faint:
+                pen.setAlpha(self.RAW_ALPHA)
+            self.raw.setPen(pg.mkPen(pen, width=1))
         self.raw.setData(self.x, self.y, skipFiniteCheck=True)
         legend = self.plot.legend
         if weight > 0:
