@@ -381,6 +381,9 @@ def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = Fals
         lines.append(f"  time           {summary['seconds']:.1f} s (teachers {summary.get('teacher_seconds', 0):.1f} s)")
     elif summary.get("seconds") is not None:
         lines.append(f"  time           {summary['seconds']:.1f} s ({summary.get('samples_per_second', 0):.0f} samples/s)")
+    if summary.get("distributed"):
+        lines.append(f"  processes      {summary['distributed']['world_size']} (torch.distributed; the noise added "
+                     f"once per step, by {summary['distributed']['noise_added_by']})")
     if run_row.get("error"):
         lines.append(f"  error          {run_row['error']}")
         if run_row.get("error_hint"):

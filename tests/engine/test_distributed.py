@@ -10,9 +10,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from click.testing import CliRunner
 import numpy as np
 import pytest
 import torch
@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 from scipy import stats
 from torch import nn
 
+from engine.cli import cli
 from engine.distributed_launch import Launch, check_distributable
 from engine.dpsgd.distributed import DataParallel
 from engine.errors import ConfigError, DPWError
@@ -158,6 +159,8 @@ def test_two_processes_spend_the_single_process_epsilon_and_learn_as_well(tmp_pa
     events = [e["type"] for e in store.events(1)]  # one event stream, written by rank 0 alone
     assert events.count("started") == 1 and events.count("finished") == 1
     assert {row["step"] for row in store.privacy(1)} == set(range(1, result.steps_done + 1))
+    shown = CliRunner().invoke(cli, ["show", "1", "--db", db])
+    assert "processes      2 (torch.distributed; the noise added once per step, by rank 0)" in shown.output
 
 
 def _descendants(pid: int) -> list[int]:
