@@ -154,7 +154,8 @@ def audit_figure(*, theory: dict[str, Any] | None, audit: dict[str, Any] | None,
         if bound > 0 and delta is not None:
             fpr = np.unique(np.concatenate([[0.0], np.logspace(-5, 0, 101), np.linspace(0, 1, 101)]))
             canary_curve = (fpr, canary_tradeoff(bound, float(delta), fpr))
-            canary_note += "; no guarantee whose curve lies under the dotted one holds."
+            canary_note += ("; the run is not (ε, δ)-DP for any smaller ε: a guarantee whose curve lies under the "
+                            "dotted one would contradict it.")
         else:
             canary_note += ": no evidence beyond what any run shows."
 
@@ -194,19 +195,23 @@ class TheorySource(QObject):
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
         self._known: dict[tuple, dict[str, Any]] = {}
+        self._latest: dict[Any, dict[str, Any]] = {}  # run id -> its last computed figures
         self._pending: set[tuple] = set()
         self._done.connect(self._store)
 
     def get(self, row: dict[str, Any]) -> dict[str, Any] | None:
-        """The run's figures if known, else None (and they are computed: `ready` follows)."""
+        """The run's figures if known, else computed (`ready` follows) and meanwhile the run's latest
+        known ones (a running run's curve for fewer steps) or None. One computation per run at a time,
+        so a training run's list refreshes never pile them up."""
         key = theory_key(row)
         if key in self._known:
             return self._known[key]
-        if key not in self._pending:
+        run_id = row.get("id")
+        if not any(pending[0] == run_id for pending in self._pending):
             self._pending.add(key)
             threading.Thread(target=self._compute, args=(key, dict(row)), daemon=True,
-                             name=f"attack-risk-{row.get('id')}").start()
-        return None
+                             name=f"attack-risk-{run_id}").start()
+        return self._latest.get(run_id)
 
     def wait(self, timeout_s: float = 60.0) -> None:
         """For scripts and tests: until nothing is being computed."""
@@ -231,7 +236,7 @@ class TheorySource(QObject):
 
     def _store(self, key: tuple, body: dict[str, Any]) -> None:
         self._pending.discard(key)
-        self._known[key] = body
+        self._known[key] = self._latest[key[0]] = body
         self.ready.emit(int(key[0]))
 
 
@@ -270,6 +275,11 @@ class AuditView(QWidget):
         self.clock = QTimer(self)
         self.clock.setInterval(500)
         self.clock.timeout.connect(self._show_status)
+        # Redraws asked for by a curve or an audit arriving run once, in an event-loop turn of their own.
+        self._soon = QTimer(self)
+        self._soon.setSingleShot(True)
+        self._soon.setInterval(0)
+        self._soon.timeout.connect(self._redraw)
         self.show_run(None)
 
     def _build(self) -> None:
@@ -357,6 +367,7 @@ class AuditView(QWidget):
         self._redraw()
 
     def _redraw(self) -> None:
+        self._soon.stop()
         row = self.row
         if row is None:
             self.figure = None
@@ -369,7 +380,7 @@ class AuditView(QWidget):
 
     def _theory_ready(self, run_id: int) -> None:
         if self.row is not None and self.row["id"] == run_id:
-            self._redraw()
+            self._soon.start()
 
     def _draw(self) -> None:
         figure = self.figure
@@ -490,7 +501,8 @@ class AuditView(QWidget):
         else:
             self.errors[job.run_id] = error
         if self.row is not None and self.row["id"] == job.run_id:
-            self._redraw()
+            self._show_status()
+            self._soon.start()  # the window re-reads the list on `stored` and shows the row: drawn once
 
     def _show_status(self) -> None:
         row = self.row

@@ -93,6 +93,7 @@ def test_an_audit_of_a_tiny_real_run_plots_its_roc_and_is_kept_with_the_run(qtbo
         view.run_button.click()
         assert view.progress.isVisibleTo(view) and not view.run_button.isEnabled()
     assert stored.args == [run_id]
+    qtbot.waitUntil(lambda: curve_named(view, "attack (empirical ROC)") is not None, timeout=5000)
     roc = curve_named(view, "attack (empirical ROC)")
     assert roc is not None and len(roc.xData) > 10
     assert not view.banner.isVisibleTo(view)  # a DP run's attack stays under its bound
