@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopFlag()
     stop.install()
     data_parallel = None
-    if "WORLD_SIZE" in os.environ:  # started by torchrun (engine.distributed_launch)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun (engine.distributed_launch)
         from engine.dpsgd.distributed import DataParallel
 
         data_parallel = DataParallel.from_environment()
