@@ -7,6 +7,9 @@ had done (the privacy spent is on the run row from the first step on: engine.sto
 trained run whose model cannot be saved keeps its results and names the path it tried. When
 even the store cannot take the failure (full disk), the stream still carries it, and the next
 `dpw list` marks the run failed. Exit status: 0 finished or stopped, 1 failed.
+
+Under torchrun (`dpw run CONFIG --nproc N`: engine.distributed_launch) rank 0 does all of the above
+and hands the config to the other ranks, which only train (`serve_rank`) and never open the store.
 """
 
 from __future__ import annotations
