@@ -1,6 +1,6 @@
 """The membership audit of a stored run, computed in a process of its own and kept with the run.
 
-`python -m engine.audit_job RUN --db DB [--data-dir DIR]` runs `engine.audit_run.audit_run` (the
+`python -m engine.audit_job RUN --db DB [--data-dir DIR] [--background]` runs `engine.audit_run.audit_run` (the
 window starts it, so the window never waits on torch or the data) and stores the result in the run's
 summary under `membership_audit`, so it is computed once per run. Output: JSON lines,
     {"type": "progress", "phase": "auditing"}
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -70,7 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run")
     parser.add_argument("--db", required=True, type=Path)
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--background", action="store_true",
+                        help="run at a lower CPU priority (the window's audits: the window and runs come first)")
     args = parser.parse_args(argv)
+    if args.background and hasattr(os, "nice"):
+        os.nice(10)
 
     def say(obj: dict[str, Any]) -> None:
         print(json.dumps(obj), flush=True)

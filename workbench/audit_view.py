@@ -252,7 +252,7 @@ class _AuditJob:
 
 def audit_arguments(db_path: Path, run_id: int) -> list[str]:
     """Arguments after the interpreter for the audit process."""
-    return ["-m", "engine.audit_job", str(run_id), "--db", str(db_path)]
+    return ["-m", "engine.audit_job", str(run_id), "--db", str(db_path), "--background"]
 
 
 class AuditView(QWidget):
