@@ -115,12 +115,11 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
     on every machine with --nnodes, --node-rank (0 on the machine that keeps the store),
     --master-addr and --master-port; the other machines need the same dataset files (--data-dir).
 
+    \b
     Example: dpw run resources/examples/quickstart.toml
-
-    Example: dpw run digits.toml --nproc 2
-
-    Example (machine 1 of 2): dpw run digits.toml --nproc 4 --nnodes 2 --node-rank 1
-    --master-addr 10.0.0.1 --master-port 29500
+    Example: dpw run resources/examples/quickstart.toml --nproc 2
+    Example, machine 1 of 2 (machine 0 the same with --node-rank 0):
+      dpw run quickstart.toml --nproc 4 --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500
     """
     from engine.config import RunConfig
 
