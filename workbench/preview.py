@@ -8,6 +8,7 @@ answered. Requests are debounced, and a result that arrives after newer input is
 
 from __future__ import annotations
 
+import atexit
 import functools
 import math
 from typing import Any
@@ -126,6 +127,21 @@ class _Signals(QObject):
     done = Signal(int, str)
 
 
+# Jobs being run, kept alive here until they end: a form deleted meanwhile (a window that never
+# opened) must not take the Python object of a job the thread pool is still running with it; and
+# the interpreter waits for them before it ends (a job cut off by the interpreter's end aborts).
+_RUNNING: set["_Job"] = set()
+
+
+@atexit.register
+def _wait_for_running_jobs() -> None:
+    for job in list(_RUNNING):
+        try:
+            job.pool.waitForDone(30_000)
+        except RuntimeError:  # its pool is gone, and with it the job
+            pass
+
+
 class _Job(QRunnable):
     def __init__(self, generation: int, config: RunConfig, size: DataSize, signals: _Signals):
         super().__init__()
@@ -138,8 +154,10 @@ class _Job(QRunnable):
             text = f"No estimate: {exc}"
         try:
             self.signals.done.emit(self.generation, text)
-        except RuntimeError:  # the form was deleted meanwhile (a window that never opened): nobody to tell
+        except Exception:  # the form was deleted meanwhile (a window that never opened): nobody to tell
             pass
+        finally:
+            _RUNNING.discard(self)
 
 
 class CostPreview(QObject):
@@ -180,8 +198,10 @@ class CostPreview(QObject):
         self._pending = None
         self.busy = True
         job = _Job(self._generation, config, size, self._signals)
+        job.pool = self.pool
         job.setAutoDelete(False)  # Python owns the job: Qt deleting a Python QRunnable is unsafe
         self._jobs.append(job)
+        _RUNNING.add(job)
         self.pool.start(job)
 
     def _done(self, generation: int, text: str) -> None:

@@ -27,8 +27,7 @@ def empty_file_problem(path: Path) -> DPWError | None:
     if not empty:
         return None
     return DPWError(f"{path} is an empty file (0 bytes), not a DP Workbench store",
-                    hint="DP Workbench leaves it unchanged; open another store, or create a new one where no "
-                         "file is yet")
+                    hint="a new store is created only where no file is yet")
 
 
 def as_store_problem(path: Path, exc: BaseException) -> DPWError:
@@ -56,8 +55,9 @@ def ask_what_to_do(path: Path, problem: DPWError) -> str:
 
     box = QMessageBox(QMessageBox.Icon.Critical, "Cannot open the store", f"Cannot open the store {path}")
     box.setObjectName("storeProblem")
+    hint = problem.hint.rstrip(".") if problem.hint else ""
     box.setInformativeText(f"{problem.message.rstrip('.')}.\n\n"
-                           + (f"{problem.hint.rstrip('.')}.\n\n" if problem.hint else "")
+                           + (f"{hint[:1].upper()}{hint[1:]}.\n\n" if hint else "")
                            + "The file was left unchanged. Open another store, create a new one elsewhere, "
                              "or quit.")
     open_button = box.addButton("Open another store…", QMessageBox.ButtonRole.AcceptRole)
