@@ -191,6 +191,16 @@ def _rank_of(pid: int) -> int | None:
     return None
 
 
+def _open_files(pid: int) -> set[str]:
+    found = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            found.add(os.readlink(fd))
+        except OSError:
+            continue
+    return found
+
+
 def test_a_killed_rank_fails_the_run_with_its_privacy_spent_recorded(tmp_path):
     db = str(tmp_path / "runs.sqlite")
     proc = _dpw("run", _config(tmp_path, "long", epochs=400), "--db", db, "--json", "--nproc", "2",
@@ -201,9 +211,10 @@ def test_a_killed_rank_fails_the_run_with_its_privacy_spent_recorded(tmp_path):
             line = proc.stdout.readline()
             assert line, proc.stderr.read()
             privacy_events += json.loads(line)["type"] == "privacy"
-        rank1 = [p for p in _descendants(proc.pid) if _rank_of(p) == 1 and b"engine.runner" in
-                 Path(f"/proc/{p}/cmdline").read_bytes()]
-        assert len(rank1) == 1
+        runners = [p for p in _descendants(proc.pid) if b"engine.runner" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        rank0, rank1 = ([p for p in runners if _rank_of(p) == rank] for rank in (0, 1))
+        assert len(rank0) == len(rank1) == 1
+        assert db in _open_files(rank0[0]) and db not in _open_files(rank1[0])  # only rank 0 holds the store
         os.kill(rank1[0], signal.SIGKILL)
         out, err = proc.communicate(timeout=90)
     finally:
