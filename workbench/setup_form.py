@@ -333,6 +333,9 @@ class SetupForm(QWidget):
         """Show the fields the run will read (mechanism, aggregator, optimizer and dataset decide)."""
         visible = set(self.state.visible())
         self._shown = visible
+        # Next to "Teacher model", the released model is named for what it is.
+        model = self.fields["model"]
+        model.label.setText("Student model" if self.state.mechanism == "pate" else model.spec.label)
         for name, f in self.fields.items():
             _, layout = self.groups[f.spec.group]
             layout.setRowVisible(f.widget, name in visible)
