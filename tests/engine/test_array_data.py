@@ -188,3 +188,13 @@ def test_user_errors_are_one_line_naming_the_file(tmp_path):
     empty.mkdir()
     with pytest.raises(DataError, match="neither x.npy nor class sub-folders of images"):
         load_dataset(empty)
+
+
+def test_whole_number_labels_are_encoded_as_the_in_memory_loader_does():
+    from engine.array_data import encode_labels
+    from engine.datasets import _encode_labels
+
+    for y in (np.array([7, 3, 100, 3, 7], np.uint8), np.array([2, 0, 1, 2], np.int64), np.array(["b", "a", "b"])):
+        fast, names = encode_labels(y, what="y")
+        reference, reference_names = _encode_labels(y, what="y")
+        assert np.array_equal(fast, reference) and fast.dtype == np.int64 and names == reference_names
