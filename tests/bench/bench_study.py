@@ -113,10 +113,10 @@ def main() -> None:
         candidate_eps = run_single_epsilon(store)
     print(f"MNIST, {args.train_subset} training examples, {args.epochs} epochs, mnist_cnn, batch 256, "
           f"noise_multiplier {args.noise_multiplier}, delta 1e-5; one candidate alone: epsilon {candidate_eps:.3f}")
-    print(f"| {'model':<38} | {'test accuracy':>13} | {'total epsilon':>13} | notes")
-    print(f"|{'-' * 40}|{'-' * 15}|{'-' * 15}|------")
+    print(f"| {'model':<44} | {'test accuracy':>13} | {'total epsilon':>13} | notes")
+    print(f"|{'-' * 46}|{'-' * 15}|{'-' * 15}|------")
     for label, accuracy, eps, note in rows:
-        print(f"| {label:<38} | {accuracy:>13.4f} | {eps:>13.3f} | {note}")
+        print(f"| {label:<44} | {accuracy:>13.4f} | {eps:>13.3f} | {note}")
 
 
 def run_single_epsilon(store: Store) -> float:
