@@ -94,11 +94,12 @@ def group_label(key: tuple[str, str]) -> str:
 
 
 def groups_of(rows: list[dict[str, Any]]) -> dict[tuple[str, str], list[int]]:
-    """(dataset, mechanism) -> ids of the runs in it, groups in the order their first run comes."""
+    """(dataset, mechanism) -> ids of the runs in it; the group of most runs first, ties in the order
+    their first run comes."""
     groups: dict[tuple[str, str], list[int]] = {}
     for row in rows:
         groups.setdefault(group_key(row), []).append(row["id"])
-    return groups
+    return dict(sorted(groups.items(), key=lambda item: -len(item[1])))  # the largest first, shown first
 
 
 def result_texts(row: dict[str, Any]) -> dict[str, str]:

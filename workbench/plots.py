@@ -26,6 +26,7 @@ SERIES_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564
 # One colour per accountant in every view (dashboard, compare, votes), whatever order curves arrive in.
 ACCOUNTANT_COLOURS = {"pld": 4, "rdp": 5, "prv": 9, "gdp": 8, "pate-di": 4, "pate-released": 9, "pate-dd": 7,
                       "publishable": 4}
+MIN_RANGE = 1e-3  # the smallest span an axis shows
 HOVER_RADIUS_PX = 20  # the read-out names the nearest point within this many pixels
 
 
@@ -78,6 +79,9 @@ class Plot(pg.PlotWidget):
         item.setMenuEnabled(False)
         self.legend = self._legend_below() if legend else None
         self._apply_bounds()
+        # A single point (one finished run, one evaluation) auto-ranges to a zero-height view whose ticks
+        # read 0.9347000000000002: never show less than this span.
+        item.getViewBox().setLimits(minXRange=MIN_RANGE, minYRange=MIN_RANGE)
         self.log_y = False
         self.smoothing = 0.0  # weight of the moving average drawn over SmoothedCurves (0: off)
         self.smoothed: list[SmoothedCurve] = []

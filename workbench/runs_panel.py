@@ -72,6 +72,16 @@ def result_values(row: dict[str, Any]) -> list[tuple[str, str]]:
     return [(label, str(values[key])) for key, label in RESULT_ROWS if values[key] not in (None, "")]
 
 
+def settings_in_use(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings the run's mechanism reads (as `dpw show` lists them: no PATE aggregator for a DP-SGD
+    run); keys this version does not know stay visible."""
+    from engine.config import config_fields, fields_used
+
+    used = set(fields_used(config.get("mechanism", ""), config.get("aggregator")))
+    known = {name for name, _, _ in config_fields()}
+    return {k: v for k, v in config.items() if k != "schema_version" and (k in used or k not in known)}
+
+
 def _text(value: Any) -> str:
     if isinstance(value, (dict, list)):
         return json.dumps(value)
@@ -108,7 +118,7 @@ class ConfigPanel(QTreeWidget):
             item = QTreeWidgetItem(results, [label, text])
             item.setToolTip(1, text)
         config = QTreeWidgetItem(self, ["Config"])
-        self._add(config, row.get("config") or {})
+        self._add(config, settings_in_use(row.get("config") or {}))
         results.setExpanded(True)
         config.setExpanded(True)
 

@@ -116,3 +116,15 @@ def test_run_actions_need_a_selected_run_with_a_model(window, qtbot):
     assert not window.act_reuse.isEnabled() and not window.act_export.isEnabled()
     window.select_run(made["gamma"])  # failed: nothing to export or report
     assert window.act_reuse.isEnabled() and not window.act_export.isEnabled() and not window.act_report.isEnabled()
+
+
+def test_the_config_panel_lists_only_the_settings_the_runs_mechanism_uses(qtbot):
+    from workbench.runs_panel import ConfigPanel
+
+    panel = ConfigPanel()
+    qtbot.addWidget(panel)
+    config = RunConfig(name="a", noise_multiplier=1.1, reproducible_noise=False).to_dict()
+    panel.show_run({"id": 1, "name": "a", "mechanism": "dpsgd", "status": "finished", "config": config})
+    shown = dict(panel.rows_text())
+    assert shown["noise_multiplier"] == "1.1" and "clipping_norm" in shown
+    assert "aggregator" not in shown and "num_teachers" not in shown and "schema_version" not in shown
