@@ -5,7 +5,11 @@ non-private run is caught, DP runs never beat their guarantee, gradient canaries
 What is measured (digits, 1,437 training examples, digits_cnn, 2 CPU threads):
 - mechanism none, 300 input canaries, 30 epochs: 150 of 150 guesses right, lower bound 3.5 (> 2).
 - DP-SGD epsilon 8 (delta 1e-5, expected batch 64, 10 epochs, 225 steps, noise multiplier 0.767),
-  5,000 gradient canaries: 192-194 of 200 guesses right, lower bound 2.3-2.5 (0.29-0.31 of epsilon).
+  5,000 gradient canaries: 192-194 of 200 guesses right, lower bound 2.3-2.5 (0.29-0.31 of epsilon);
+  expected batch 16 (900 steps): 2.5. A third of epsilon (2.67) was not reached: the data's own clipped
+  gradients project onto the canary directions (about |batch gradient sum| / sqrt(9,258 parameters) per
+  step) and blur the scores; an idealised simulation without them reaches about 3.0 with 5,000 canaries.
+  The CI test below asserts a quarter of epsilon with 2,000 canaries.
 """
 
 from __future__ import annotations
@@ -193,3 +197,15 @@ def test_gradient_canaries_leave_the_noise_and_step_count_unchanged():
     result = audited.train()
     assert result.steps_done == plain.plan.steps_planned and result.extra["canaries"]["count"] == 50
     assert isinstance(GradientCanaries, type)
+
+
+def test_pate_input_canaries_ride_in_the_teachers_shards_and_stay_below_the_guarantee(mnist_dir, tmp_path):
+    """Black box on the student, which sees the canaries only through the teachers' noisy answers."""
+    from test_pate_run import small_pate
+
+    store = Store(tmp_path / "runs.sqlite")
+    run_id, _ = train_in_store(store, **small_pate(mnist_dir, audit_canaries=200))
+    run = store.get_run(run_id)
+    canaries = run["summary"]["canaries"]
+    assert run["summary"]["audit_model"] is True and canaries["count"] == 200 and canaries["kind"] == "input"
+    assert 0.0 <= canaries["epsilon_lower_bound"] <= run["epsilon"]
