@@ -546,7 +546,9 @@ class TradeoffOverlay(Plot):
     (dashed), in the run's colour in Compare's other plots (its position in the selection)."""
 
     def __init__(self, theory: TheorySource | None = None, parent: QWidget | None = None):
-        super().__init__("Membership tests (solid: bound, dashed: attack)", "FPR", "TPR", y_bounds=(0.0, 1.0))
+        super().__init__("Membership tests", "FPR", "TPR", y_bounds=(0.0, 1.0))
+        self.setToolTip("Solid: the best test each run's guarantee allows (an upper bound); dashed: the loss "
+                        "attack's ROC, where the Audit tab computed one (from private data)")
         self.theory = theory or TheorySource(self)
         self.theory.ready.connect(self._theory_ready)
         self.rows: list[dict[str, Any]] = []
