@@ -111,8 +111,9 @@ def audit_figure(*, theory: dict[str, Any] | None, audit: dict[str, Any] | None,
                  canaries: dict[str, Any] | None) -> AuditFigure:
     """The figure of one run from the engine's JSON: `theory` (engine.attack_risk's RunAttackRisk.to_json,
     None while it is being computed), `audit` (engine.audit_job's stored audit, None before one),
-    `canaries` (canary_result). The banner is the engine's simultaneous check (engine.audit.membership):
-    some point of the ROC lies above the theoretical curve beyond its confidence band."""
+    `canaries` (canary_result). The banner: the engine's simultaneous check (engine.audit.membership) found
+    some point of the ROC above the theoretical curve beyond its confidence band, or the canaries' lower
+    bound exceeds the publishable epsilon."""
     curve, theory_note = None, "Computing the theoretical curve…"
     tradeoff = (theory or {}).get("tradeoff")
     if theory is not None and tradeoff:
@@ -158,6 +159,11 @@ def audit_figure(*, theory: dict[str, Any] | None, audit: dict[str, Any] | None,
                             "dotted one would contradict it.")
         else:
             canary_note += ": no evidence beyond what any run shows."
+        stated = (theory or {}).get("publishable_epsilon")
+        if stated is not None and bound > float(stated):
+            banner = ((banner + " ") if banner else "BUG OR BROKEN ASSUMPTION: ") + (
+                f"The canary audit proves ε ≥ {bound:.3g} at {level} confidence, above the publishable "
+                f"ε = {float(stated):.3g}. Do not publish this ε until this is explained.")
 
     table = []
     theory_tpr = (theory or {}).get("tpr_at_fpr") or {}

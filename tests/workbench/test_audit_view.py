@@ -172,6 +172,10 @@ def test_the_canary_bound_is_stated_with_its_curve_when_the_run_had_canaries():
     fpr, tpr = figure.canary
     at = np.searchsorted(fpr, 0.01)
     assert tpr[at] == pytest.approx(min(1.0, np.exp(1.7) * fpr[at] + 1e-5), rel=1e-6)  # the (ε, δ)-DP curve
+    assert figure.banner is None
+    theory, _ = above_the_curve()  # a guarantee at epsilon 0.19 < 1.7: the canaries contradict it
+    banner = audit_figure(theory=theory, audit=None, canaries=canary_result(summary)).banner
+    assert banner is not None and "proves ε ≥ 1.7 at 95% confidence, above the publishable ε = 0.19" in banner
     assert canary_result({"seconds": 3.0}) is None
     assert "No canaries in this run" in audit_figure(theory=None, audit=None, canaries=None).canary_note
 
