@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.CRITICAL)  # a failure is told once, below and in the run's record
     args = get_args_parser().parse_args(argv)
+    if str(args.nproc_per_node).isdigit():  # torchrun's own default is 1 thread per rank whatever the cores
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(args.nproc_per_node))))
     try:
         run(args)
     except SignalException:  # asked to stop (dpw's Ctrl-C): the ranks stopped together, rank 0 recorded it

@@ -2,7 +2,7 @@
 
 Not a test (CI does not run it). Usage:
 
-    python tests/bench/bench_distributed.py [--data-dir ../shared/data] [--rounds 2] [--out FILE.json]
+    python tests/bench/bench_distributed.py [--data-dir ../shared/data] [--rounds 1] [--out FILE.json]
 
 Each case is a real `dpw run` into a scratch store; samples/s is the run's own figure (its training
 loop: samples drawn / seconds of training, no start-up or data loading), and wall is the whole
@@ -63,7 +63,7 @@ def one_run(config: Path, db: Path, nproc: int, threads: str, data_dir: str) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
     args = parser.parse_args()
