@@ -8,7 +8,8 @@ What is measured (digits, 1,437 training examples, digits_cnn, 2 CPU threads):
   5,000 gradient canaries: 192-194 of 200 guesses right, lower bound 2.3-2.5 (0.29-0.31 of epsilon);
   expected batch 16 (900 steps): 2.5. A third of epsilon (2.67) was not reached: the data's own clipped
   gradients project onto the canary directions (about |batch gradient sum| / sqrt(9,258 parameters) per
-  step) and blur the scores; an idealised simulation without them reaches about 3.0 with 5,000 canaries.
+  step) and blur the scores; a simulation without them reached about 3 with 5,000 canaries (best of
+  several guess shares, so optimistic).
   The CI test below asserts a quarter of epsilon with 2,000 canaries.
 """
 
