@@ -23,6 +23,7 @@ from engine.config import RunConfig
 from engine.datasets import Dataset
 from engine.errors import ConfigError, DPWError
 from engine.dpsgd import mechanism
+from engine.dpsgd.canaries import GradientCanaries, InputCanaries
 from engine.dpsgd.fast_layers import accelerate_model
 from engine.dpsgd.per_sample import per_example_gradients
 from engine.randomness import PrivateRandomness, seeded_torch_generator
@@ -168,6 +169,7 @@ class DPSGDStep:
         expected_batch_size: int,
         max_physical_batch_size: int,
         noise_generator: mechanism.PrivateGenerator,
+        canaries: GradientCanaries | None = None,
         data_parallel: Any = None,
     ):
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -178,6 +180,7 @@ class DPSGDStep:
         self.expected_batch_size = expected_batch_size
         self.max_physical_batch_size = max_physical_batch_size
         self.noise_generator = noise_generator
+        self.canaries = canaries
         self.data_parallel = data_parallel  # engine.dpsgd.distributed.DataParallel, or None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -190,12 +193,16 @@ class DPSGDStep:
             loss_sum += losses.sum()
             for total, value in zip(summed, part):
                 total += value
+        if self.canaries is not None:
+            self.canaries.inject(summed)
         add_noise = functools.partial(mechanism.add_gaussian_noise, noise_multiplier=self.noise_multiplier,
                                       clipping_norm=self.clipping_norm, generator=self.noise_generator)
         if self.data_parallel is None:
             noisy = add_noise(summed)
         else:  # all ranks' sums added, the noise added once by rank 0 (engine.dpsgd.distributed)
             noisy, loss_sum = self.data_parallel.noisy_total(summed, loss_sum, x.shape[0], add_noise)
+        if self.canaries is not None:
+            self.canaries.observe(noisy)
         # Divide by the EXPECTED batch size (not the realised one, which depends on the data).
         for p, g in zip(self.params, noisy):
             p.grad = g / self.expected_batch_size
@@ -238,7 +245,9 @@ def train(
     """Train `model` on `data` under `plan`, emitting metric/privacy/progress events.
 
     `config.seed` fixes the initial weights and the non-private baseline's order; a private run's
-    Poisson sampling and noise come from the run's private randomness (engine.randomness)."""
+    Poisson sampling and noise come from the run's private randomness (engine.randomness).
+    With `audit_canaries`, the canaries ride along (engine.dpsgd.canaries) and the result's
+    `extra["canaries"]` holds the audit's counts and epsilon lower bound."""
     torch.manual_seed(config.seed)
     accelerate_model(model.to(device).train())
     x_train, y_train = data.x_train.to(device), data.y_train.to(device)
@@ -247,8 +256,16 @@ def train(
     n = x_train.shape[0] if data_parallel is None else data_parallel.num_train
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(config, params)
+    private = PrivateRandomness.for_run(config) if plan.private or config.audit_canaries else None
+    if config.audit_canaries and data_parallel is not None:
+        raise ConfigError("audit_canaries", "a canary audit runs in one process, not in a data-parallel run",
+                          hint="train the audited run without --nproc")
+    canaries = _draw_canaries(config, plan, private, x_train=x_train, num_classes=data.num_classes,
+                              params=params, device=device, emit=emit)
+    if isinstance(canaries, InputCanaries):
+        x_train, y_train = canaries.join(x_train, y_train)
+    pool = x_train.shape[0]  # what batches are drawn from: the data and any included input canaries
     if plan.private:
-        private = PrivateRandomness.for_run(config)
         sampler_gen = private.torch_generator(data_parallel.sampling_purpose if data_parallel else "poisson_sampling",
                                               device)
         step_fn = DPSGDStep(
@@ -259,6 +276,7 @@ def train(
             expected_batch_size=config.expected_batch_size,
             max_physical_batch_size=config.max_physical_batch_size,
             noise_generator=private.torch_generator("dpsgd_noise", device),
+            canaries=canaries if isinstance(canaries, GradientCanaries) else None,
             data_parallel=data_parallel,
         )
     else:
@@ -298,12 +316,12 @@ def train(
             )
             break
         if plan.private:
-            idx = mechanism.poisson_sample(x_train.shape[0], plan.sample_rate, sampler_gen, device)
+            idx = mechanism.poisson_sample(pool, plan.sample_rate, sampler_gen, device)
         else:
             # Non-private baseline: shuffled fixed-size batches.
-            offset = (step * config.expected_batch_size) % n
+            offset = (step * config.expected_batch_size) % pool
             if shuffled is None or offset < config.expected_batch_size:
-                shuffled = torch.randperm(n, generator=sampler_gen, device=device)
+                shuffled = torch.randperm(pool, generator=sampler_gen, device=device)
             idx = shuffled[offset : offset + config.expected_batch_size]
         if config.lr_schedule != "constant":
             for group in optimizer.param_groups:
@@ -338,6 +356,11 @@ def train(
         )
     final_eps = live.epsilon_reported(plan.accountant) if live is not None else None
     step_fn.close()
+    extra: dict[str, Any] = {}
+    if canaries is not None:
+        emit("progress", phase="auditing", done=0, total=1)
+        extra["canaries"] = canaries.audit(model, delta=config.delta, device=device).to_json()
+        emit("progress", phase="auditing", done=1, total=1)
     return TrainResult(
         steps_done=step,
         epochs_done=step / steps_per_epoch,
@@ -347,7 +370,23 @@ def train(
         epsilon=final_eps,
         seconds=time.monotonic() - t0,
         samples_processed=samples,
+        extra=extra,
     )
+
+
+def _draw_canaries(config: RunConfig, plan: PrivacyPlan, private: PrivateRandomness | None, *, x_train, num_classes,
+                   params, device, emit) -> InputCanaries | GradientCanaries | None:
+    """The run's audit canaries (None without `audit_canaries`), drawn from its private randomness."""
+    if not config.audit_canaries:
+        return None
+    if config.audit_canary_kind == "gradient":
+        if not plan.private:
+            raise ConfigError("audit_canary_kind", "'gradient' canaries need a DP-SGD run",
+                              hint="use audit_canary_kind = 'input'")
+        return GradientCanaries.draw(private, config.audit_canaries, params=params, clipping_norm=config.clipping_norm,
+                                     noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate,
+                                     device=device)
+    return InputCanaries.draw(private, config.audit_canaries, x_train=x_train, num_classes=num_classes)
 
 
 def _evaluate_and_report(model, x_test, y_test, step, epoch, live, plan, emit) -> tuple[float, float]:
