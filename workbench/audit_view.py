@@ -314,10 +314,16 @@ class AuditView(QWidget):
         self.progress = QProgressBar()
         self.progress.setRange(0, 0)  # busy: the audit reports no steps
         self.progress.setMaximumWidth(160)
+        keep = self.progress.sizePolicy()
+        keep.setRetainSizeWhenHidden(True)
+        self.progress.setSizePolicy(keep)
         self.progress.hide()
         self.status = QLabel("")
         self.status.setWordWrap(True)
         self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        # Two lines always: a status appearing or changing never moves the plot (a re-layout repaints it).
+        self.status.setFixedHeight(2 * self.status.fontMetrics().lineSpacing() + 4)
+        self.status.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
         self.log_fpr = QCheckBox("Log scale (small FPR)")
         self.log_fpr.setToolTip("Log-log axes: small false-positive rates (1%, 0.1%), where attacks matter")
         self.log_fpr.toggled.connect(lambda _on: self._draw())
