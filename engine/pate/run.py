@@ -43,7 +43,7 @@ from engine.dpsgd.trainer import resolve_device
 from engine.errors import ConfigError, DataError
 from engine.models import build_model, default_model_for
 from engine.pate import aggregation
-from engine.pate.ray_backend import RaySession, RayTeachers, train_teachers_on_ray
+from engine.pate.ray_backend import RaySession, RayTeachers, import_ray, train_teachers_on_ray
 from engine.pate.shards import partition
 from engine.pate.student import StudentResult, train_student
 from engine.pate.teachers import Teachers, build_teachers, train_teachers, vote_counts
@@ -512,6 +512,8 @@ def planned_epsilon_data_independent(config: RunConfig) -> float:
 def prepare_pate(config: RunConfig, data: Dataset, *, emit: Emit = _noop) -> PreparedPATERun:
     """Split the test set into pool and held-out part, pick the models; emits a `plan` event."""
     config.check_against_dataset(data.num_train, data.num_test)
+    if config.teachers_backend == "ray":
+        import_ray()  # before the run is stored: without Ray, one line naming the extra
     pool = config.pool_size_for(data.num_test)
     teacher_name = default_model_for(data) if config.teacher_model == "auto" else config.teacher_model
     try:

@@ -20,6 +20,7 @@ from engine.errors import ConfigError
 from engine.pate.ray_backend import RaySession, import_ray, train_teachers_on_ray
 from engine.pate.run import prepare_pate
 from engine.pate.shards import partition
+from engine.precheck import check_before_storing
 from engine.pate.teachers import build_teachers, train_teachers, vote_counts
 from engine.runs import train_subset
 
@@ -147,3 +148,9 @@ def test_ray_backend_without_ray_is_one_line_naming_the_extra(monkeypatch):
         import_ray()
     assert str(info.value) == "teachers_backend: is 'ray' but Ray is not installed"
     assert "dp-workbench[cluster]" in info.value.hint and "\n" not in info.value.hint
+    # The check before a run is stored (dpw run, the window's form) says the same, naming the field.
+    config = RunConfig(dataset="digits", mechanism="pate", num_teachers=10, teacher_epochs=1, num_queries=20,
+                       threshold=8.0, teachers_backend="ray", delta=1e-4)
+    with pytest.raises(ConfigError) as info:
+        check_before_storing(config)
+    assert info.value.field == "teachers_backend" and "dp-workbench[cluster]" in info.value.hint
