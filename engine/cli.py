@@ -550,8 +550,9 @@ def _echo_risk_rows(figures: Any, epsilon_note: str) -> None:
 def delete(run_refs: tuple[str, ...], db: Path | None, yes: bool) -> None:
     """Delete runs (by id or name) with their rows and saved models. A running run is refused.
 
-    The store keeps one line per deleted run (name, status, epsilon, dates) in its deleted_runs
-    table: the privacy the run spent on its data was spent all the same. Ids are never reused.
+    The store keeps one line per deleted run (name, status, epsilon, dates, tags, notes; `dpw list
+    --deleted` shows them): the privacy the run spent on its data was spent all the same. Ids are
+    never reused.
 
     Example: dpw delete 3 4 --yes
     """

@@ -542,8 +542,9 @@ class MainWindow(QMainWindow):
             answer = QMessageBox.question(
                 self, "Delete runs" if len(ids) > 1 else "Delete run",
                 f"Delete run{'s' if len(ids) > 1 else ''} {names}?\n\nTheir curves, votes and saved models are "
-                "removed. The store keeps one line per deleted run (name, status, epsilon, dates): the privacy "
-                "it spent on its data was spent all the same.")
+                "removed. The store keeps one line per deleted run (name, status, epsilon, dates, tags, notes; "
+                "'Show deleted' above the list shows them): the privacy it spent on its data was spent all the "
+                "same.")
             if answer != QMessageBox.StandardButton.Yes:
                 return []
         deleted = []
