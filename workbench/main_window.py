@@ -276,6 +276,8 @@ class MainWindow(QMainWindow):
         if self.client.active_ids():
             self.statusBar().showMessage("Stopping runs…")
         self.client.shutdown()
+        for study in getattr(self, "studies", []):
+            study.shutdown()  # stopped, not killed: it records what it spent (engine.study)
         self.audit.shutdown()
         self.list_timer.stop()
         self.dashboard.timer.stop()

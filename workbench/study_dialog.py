@@ -156,6 +156,16 @@ class StudyProcess(QObject):
         if self.running():
             self.process.terminate()
 
+    def shutdown(self, timeout_ms: int = 30000) -> None:
+        """The window is closing: stop the study (as `stop`) and wait for it; one that does not end in
+        time is killed, and the next reader of the store marks it interrupted with what it had spent."""
+        if not self.running():
+            return
+        self.stop()
+        if not self.process.waitForFinished(timeout_ms):
+            self.process.kill()
+            self.process.waitForFinished(2000)
+
     def _read(self) -> None:
         data = self._buffer + bytes(self.process.readAllStandardOutput())
         *lines, self._buffer = data.split(b"\n")

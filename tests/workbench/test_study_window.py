@@ -121,3 +121,22 @@ def test_the_study_column_says_what_became_of_a_private_candidate(status, releas
     study = {"id": 3, "name": "p", "mode": "private", "status": status, "released_run_id": released}
     assert study_label(run_row(5, study)) == label
     assert exploratory_banner([run_row(5, study)]) is None  # one run: nothing to choose among
+
+
+def test_closing_the_window_stops_a_running_study_with_the_privacy_it_spent(window, qtbot, tmp_path, db_path):
+    from engine.store import Store
+
+    path = study_file(tmp_path)
+    path.write_text(path.read_text().replace("epochs = 1", "epochs = 200"), encoding="utf-8")
+    study = window.start_study(path)
+    with qtbot.waitSignal(study.candidate, timeout=120_000) as first:
+        pass
+    run_id = first.args[0]
+    store = Store(db_path)
+    qtbot.waitUntil(lambda: (store.get_run(run_id)["steps_done"] or 0) > 0, timeout=120_000)
+    window.close()
+    assert not study.running()
+    row = store.get_study(store.get_run(run_id)["study_id"])
+    assert row["status"] == "stopped" and row["num_candidates"] == 1
+    assert row["epsilon"] is not None and row["accountant"] == "pld-composition"
+    assert store.get_run(run_id)["status"] == "stopped"
