@@ -210,3 +210,15 @@ def test_pate_input_canaries_ride_in_the_teachers_shards_and_stay_below_the_guar
     canaries = run["summary"]["canaries"]
     assert run["summary"]["audit_model"] is True and canaries["count"] == 200 and canaries["kind"] == "input"
     assert 0.0 <= canaries["epsilon_lower_bound"] <= run["epsilon"]
+
+
+def test_input_canaries_refuse_inputs_read_from_disk_in_one_line(tmp_path):
+    """Inputs read on demand (engine.array_data) cannot take appended rows: a ConfigError, not a torch error."""
+    from engine.array_data import MappedRows, NpyRows
+
+    np.save(tmp_path / "x.npy", np.zeros((8, 1, 4, 4), np.uint8))
+    rows = MappedRows(NpyRows(np.load(tmp_path / "x.npy", mmap_mode="r"), name="x.npy"))
+    canaries = InputCanaries.draw(PrivateRandomness(), 4, x_train=rows, num_classes=2)
+    with pytest.raises(ConfigError) as caught:
+        canaries.join(rows, torch.zeros(8, dtype=torch.long))
+    assert caught.value.field == "audit_canary_kind" and "gradient" in caught.value.hint
