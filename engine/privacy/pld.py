@@ -664,7 +664,8 @@ def _mixed_window(singles: list[_Discrete], steps: list[int], tail: float) -> _W
 
     def edge(sign: float) -> tuple[float, float]:
         def bound(lam: float) -> float:
-            return (sum(t * _log_sum_exp(lm + lam * sign * loss) for (lm, loss), t in zip(atoms, steps)) - log_tau) / lam
+            total = sum(t * _log_sum_exp(lm + lam * sign * loss) for (lm, loss), t in zip(atoms, steps))
+            return (total - log_tau) / lam
 
         res = optimize.minimize_scalar(lambda s: bound(math.exp(s)), bounds=(math.log(1e-4), math.log(1e4)),
                                        method="bounded", options={"xatol": 0.02})
