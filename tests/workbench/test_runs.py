@@ -92,16 +92,14 @@ def test_a_killed_runner_is_reported_and_the_window_keeps_working(window, qtbot,
     assert window.run_data[second].status == "finished"
 
 
-def test_engine_error_is_shown_with_its_hint(window, qtbot, db_path, tmp_path):
+def test_a_config_whose_data_is_missing_is_refused_before_a_run_is_stored(window, qtbot, db_path, tmp_path):
     missing = tmp_path / "nowhere.csv"
     fill(window, name="bad-file", dataset=str(missing), mechanism="dpsgd", noise_multiplier=1.0, target_epsilon="")
-    run_id = start(window, qtbot)
-    qtbot.waitUntil(lambda: window.run_data[run_id].finished, timeout=RUN_TIMEOUT_MS)
-    data = window.run_data[run_id]
-    assert data.status == "failed"
-    assert "file not found" in data.messages[-1].text
-    assert Store(db_path).get_run(run_id)["status"] == "failed"
+    assert window.form.start_button.isEnabled(), window.form.summary.text()
+    window.act_start.trigger()  # `dpw run`'s checks run first: nothing is stored, the reason is shown
+    assert window.run_data == {} and Store(db_path).list_runs() == []
     assert "file not found" in window.statusBar().currentMessage()
+    assert window.tabs.currentWidget() is window.form
 
 
 def test_reopening_shows_past_runs_with_their_curves(window, qtbot, db_path):
