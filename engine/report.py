@@ -491,7 +491,8 @@ def render_html(report: dict[str, Any]) -> str:
         f"<title>Privacy report — run {run['id']} ({html.escape(run['name'])})</title>",
         "<style>body{font-family:sans-serif;max-width:52em;margin:2em auto;color:#222}"
         "table{border-collapse:collapse;margin:.5em 0}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}"
-        "th{background:#f3f3f3;font-weight:normal}table.nested{margin:0}table.nested th{background:#fafafa}.guarantee{border:2px solid #2a6;padding:.6em 1em;background:#f2fbf5}"
+        "th{background:#f3f3f3;font-weight:normal}table.nested{margin:0}table.nested th{background:#fafafa}"
+        ".guarantee{border:2px solid #2a6;padding:.6em 1em;background:#f2fbf5}"
         ".private{border:3px solid #c00;padding:.6em 1em;background:#fee;font-weight:bold}</style></head><body>",
     ]
     if report.get("private_data_notice"):

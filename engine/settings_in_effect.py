@@ -3,7 +3,8 @@
 `engine.config.fields_used` says which fields a mechanism (and PATE aggregator) reads; a few more
 fields matter only for some values of another one: the momentum only for the 'momentum' optimizer,
 the label column only for a CSV file, the test fraction only for data without a standard test
-split, the statistics' noise multiplier only for normalization = 'dp'. The setup form shows, and a report lists, exactly these (one rule for both).
+split, the statistics' noise multiplier only for normalization = 'dp'. The setup form shows, and a
+report lists, exactly these (one rule for both).
 """
 
 from __future__ import annotations

@@ -87,13 +87,12 @@ def _orphaned_blocks(document):
     while block.isValid():
         following = block.next()
         if block.blockFormat().headingLevel() > 0 and following.isValid():
-            if _first_line_top(layout, following) is not None and \
-                    _page(document, _first_line_top(layout, following)) > _page(document, _first_line_top(layout, block)):
+            if _page(document, _first_line_top(layout, following)) > _page(document, _first_line_top(layout, block)):
                 yield block
         block = following
 
 
-def _first_line_top(layout, block) -> float | None:
+def _first_line_top(layout, block) -> float:
     """Where a block's first line starts on the paged document (a line that does not fit at a page's
     foot, such as an image, is moved down while its block keeps its place)."""
     lines = block.layout()
