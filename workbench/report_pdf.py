@@ -83,6 +83,7 @@ def _page(document, y: float) -> int:
 def _orphaned_blocks(document):
     """Heading blocks (h1-h6) whose next block starts on a later page, from the top."""
     layout = document.documentLayout()
+    layout.documentSize()  # lays the whole document out (it is laid out lazily, a part at a time)
     block = document.begin()
     while block.isValid():
         following = block.next()
