@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -50,9 +50,11 @@ from engine.privacy.pld import SubsampledGaussian, pld_epsilon_composed
 from engine.privacy.rdp import DEFAULT_ORDERS, compute_rdp, rdp_to_epsilon
 from engine.privacy.tuning import num_runs_probability, num_runs_quantiles, repeat_and_select_rdp, sample_num_runs
 from engine.privacy.types import Epsilon
-from engine.randomness import PrivateRandomness
 from engine.store import Store, now_iso
 from engine.study_config import StudyConfig
+
+if TYPE_CHECKING:  # torch stays out of the window's process, which reads study plans
+    from engine.randomness import PrivateRandomness
 
 Launch = Callable[[int], str]  # run id -> final status ("finished", "stopped", "failed")
 Emit = Callable[..., Any]
@@ -84,6 +86,8 @@ class StudyResult:
 # ---- planning -------------------------------------------------------------------------------------
 def study_randomness(config: StudyConfig) -> PrivateRandomness:
     """The study's secret generator (the base run's noise settings: reproducible_noise seeds it)."""
+    from engine.randomness import PrivateRandomness
+
     return PrivateRandomness.for_run(config.base)
 
 
