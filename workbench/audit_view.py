@@ -342,7 +342,7 @@ class AuditView(QWidget):
         self._in_legend = set(self.curves)
         self._log_shown = False
         side = QWidget()
-        side.setMinimumWidth(470)
+        side.setMinimumWidth(360)  # the table scrolls when narrower; the window stays usable at 700 px
         side_layout = QVBoxLayout(side)
         side_layout.setContentsMargins(0, 0, 0, 0)
         self.table = QTableWidget(0, 4)
