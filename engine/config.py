@@ -540,11 +540,12 @@ class RunConfig:
         return cls.from_dict(read_toml(path, "config"))
 
     def config_hash(self) -> str:
-        """Stable hash of everything that determines the run's result (not its name)."""
-        values = self.to_dict()
-        values.pop("name")
-        for where in ("teachers_backend", "ray_address"):  # where teachers train, not what they become
-            values.pop(where)
+        """Stable hash of everything that determines the run's result: not its name, not where its
+        files or teachers are (data_dir, teachers_backend, ray_address), and settings left at their
+        defaults are left out, so a setting added to a later version keeps older runs' hashes."""
+        defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+        values = {key: value for key, value in self.to_dict().items()
+                  if key not in _NOT_IN_HASH and (key not in defaults or value != defaults[key])}
         canonical = json.dumps(values, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -815,5 +816,8 @@ def _pate_errors(values: dict[str, Any]) -> list[ConfigError]:
         )
     return errors
 
+
+_NOT_IN_HASH = frozenset({"name", "data_dir", "teachers_backend", "ray_address"})
+"""Settings that name the run or say where things are, not what it computes (RunConfig.config_hash)."""
 
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(RunConfig))

@@ -144,3 +144,12 @@ def test_a_config_that_is_not_utf8_is_one_error_naming_the_file(tmp_path):
     with pytest.raises(ConfigError, match=r"latin1.toml is not UTF-8 text \(byte 0xe9") as caught:
         RunConfig.load_toml(path)
     assert "UTF-8" in caught.value.hint
+
+
+def test_config_hash_leaves_out_where_files_are_and_settings_at_their_defaults():
+    """Moving the data folder does not change what a run computes, and a setting added later at its
+    default (e.g. audit_canaries = 0) leaves the hash of configs written before it unchanged."""
+    a = RunConfig(name="a", noise_multiplier=1.1)
+    assert RunConfig(name="a", noise_multiplier=1.1, data_dir="/elsewhere").config_hash() == a.config_hash()
+    assert RunConfig(name="a", noise_multiplier=1.1, audit_canaries=0).config_hash() == a.config_hash()
+    assert RunConfig(name="a", noise_multiplier=1.1, audit_canaries=10).config_hash() != a.config_hash()
