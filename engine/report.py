@@ -474,8 +474,21 @@ def _fmt(value: Any) -> str:
     return html.escape(str(value))
 
 
+_KEY_LABELS = {
+    # the smooth-sensitivity release (engine.privacy.pate_smooth.SmoothSensitivityRelease)
+    "order": "RDP order",
+    "beta": "smoothness beta",
+    "sigma_ss": "noise sigma of the release",
+    "rdp_released": "released data-dependent RDP (noisy, may fall below 0; counted as at least 0)",
+    "release_rdp": "RDP cost of the release",
+    "conditions_hold": "conditions of the data-dependent bound hold",
+    "parameters_from_data": "parameters chosen from the votes",
+}
+"""Row labels for nested keys whose names alone would puzzle a reviewer."""
+
+
 def _label(key: Any) -> str:
-    return html.escape(str(key).replace("_", " "))
+    return html.escape(_KEY_LABELS.get(str(key), str(key).replace("_", " ")))
 
 
 def _table(rows: dict[str, Any], *, nested: bool = False) -> str:

@@ -211,6 +211,7 @@ def test_pate_report_shows_the_release_parameters_as_labelled_rows_and_only_pate
     assert isinstance(release, dict) and {"order", "beta", "sigma_ss"} <= set(release)
     section = html[html.index("<th>smooth sensitivity release</th>"):]
     assert section.startswith("<th>smooth sensitivity release</th><td><table class='nested'>")
-    assert f"<th>sigma ss</th><td>{release['sigma_ss']:.6g}</td>" in section
-    assert "<th>parameters from data</th><td>no</td>" in section
+    assert f"<th>noise sigma of the release</th><td>{release['sigma_ss']:.6g}</td>" in section
+    assert "<th>parameters chosen from the votes</th><td>no</td>" in section
+    assert "<th>rdp released</th>" not in section and "counted as at least 0" in section
     assert "{&quot;" not in html and '{"' not in html
