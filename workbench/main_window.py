@@ -185,6 +185,8 @@ class MainWindow(QMainWindow):
         self.act_setup = self._action("Set&up", lambda: self.tabs.setCurrentWidget(self.form), "Ctrl+1")
         self.act_dash = self._action("&Dashboard", lambda: self.tabs.setCurrentWidget(self.dashboard), "Ctrl+2")
         self.act_votes = self._action("PATE &votes", lambda: self.tabs.setCurrentWidget(self.votes), "Ctrl+3")
+        self.act_audit = self._action("&Audit", lambda: self.tabs.setCurrentWidget(self.audit), "Ctrl+4",
+                                      "What the selected run's guarantee means for an attacker, and its audit")
         self.form.validity_changed.connect(self.act_start.setEnabled)
         self.act_start.setEnabled(self.form.valid)
 
@@ -203,7 +205,8 @@ class MainWindow(QMainWindow):
             self.toolbar.addAction(action)
         self.addToolBar(self.toolbar)
         view_menu = bar.addMenu("&View")
-        for action in (self.act_setup, self.act_dash, self.act_compare, self.act_votes, None, self.act_refresh):
+        for action in (self.act_setup, self.act_dash, self.act_votes, self.act_audit, self.act_compare, None,
+                       self.act_refresh):
             view_menu.addSeparator() if action is None else view_menu.addAction(action)
 
     def _build_status_bar(self) -> None:

@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QMenu
 def test_shortcuts_are_in_the_menus_and_work(window, qtbot):
     menus = {a.text().replace("&", ""): a for m in window.menuBar().findChildren(QMenu) for a in m.actions()}
     expected = {"Start run": "Ctrl+Return", "Stop run": "Ctrl+.", "Compare selected runs": "Ctrl+K",
-                "New run": "Ctrl+N"}
+                "New run": "Ctrl+N", "Audit": "Ctrl+4", "Study…": "Ctrl+T"}
     for text, shortcut in expected.items():
         assert menus[text].shortcut().toString() == shortcut
     started = []
@@ -23,6 +23,8 @@ def test_shortcuts_are_in_the_menus_and_work(window, qtbot):
     assert len(started) == 1 and started[0].noise_multiplier == 1.1
     QTest.keyClick(window.runs_view, Qt.Key.Key_K, Qt.KeyboardModifier.ControlModifier)
     assert window.tabs.currentWidget() is window.compare
+    QTest.keyClick(window.runs_view, Qt.Key.Key_4, Qt.KeyboardModifier.ControlModifier)
+    assert window.tabs.currentWidget() is window.audit
     QTest.keyClick(window.runs_view, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
     assert window.tabs.currentWidget() is window.form
 
