@@ -18,8 +18,12 @@ not pickled) and is dropped once the audit is computed; only the counts leave.
   step t. Score: the sum over steps of the log-likelihood ratio of "included" (joins with probability q)
   against "not included", sum_t log(1 - q + q exp((2 x_t - 1) / (2 sigma^2))), the Neyman-Pearson test
   for this mixture (with sigma < 1 a few joins decide, which the plain sum of x_t would average away).
-  The data's own gradient also projects onto u_i (about |sum of the batch's clipped gradients| / sqrt(d)
-  per step): sigma^2 is replaced by the spread of x_t over all canaries when that is larger.
+  The auditor is the adversary DP protects against, who knows every other record: it subtracts the
+  step's clipped sum of the sampled training examples (known to the training code) before scoring, so
+  x_t is exactly the pair the accountant analyses (the noise, plus 1 when the canary joined, plus the
+  other canaries that joined). This is what makes the audit tight; without it the data's own gradient
+  projects onto u_i and blurs the scores. sigma^2 is replaced by the spread of x_t over all canaries
+  when that is larger (the other canaries' joins).
 """
 
 from __future__ import annotations
@@ -204,7 +208,8 @@ class GradientCanaries(_Secret):
             offset += size
 
     def observe(self, noisy: list[torch.Tensor]) -> None:
-        """Score the released noisy gradient (the auditor's white-box view of the step) for every canary."""
+        """Score one step for every canary: `noisy` is the released noisy gradient minus the clipped sum
+        of the sampled training examples (the auditor's white-box view, knowing every other record)."""
         flat = torch.cat([g.reshape(-1).to(self.directions.dtype) for g in noisy])
         x = (self.directions @ flat).double() / self.clipping_norm
         variance = max(self._variance, float(x.var())) if x.numel() > 1 else self._variance

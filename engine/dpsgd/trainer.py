@@ -193,7 +193,8 @@ class DPSGDStep:
             loss_sum += losses.sum()
             for total, value in zip(summed, part):
                 total += value
-        if self.canaries is not None:
+        if self.canaries is not None:  # the auditor knows every other record's clipped sum (DP's adversary)
+            known = [total.clone() for total in summed]
             self.canaries.inject(summed)
         add_noise = functools.partial(mechanism.add_gaussian_noise, noise_multiplier=self.noise_multiplier,
                                       clipping_norm=self.clipping_norm, generator=self.noise_generator)
@@ -202,7 +203,7 @@ class DPSGDStep:
         else:  # all ranks' sums added, the noise added once by rank 0 (engine.dpsgd.distributed)
             noisy, loss_sum = self.data_parallel.noisy_total(summed, loss_sum, x.shape[0], add_noise)
         if self.canaries is not None:
-            self.canaries.observe(noisy)
+            self.canaries.observe([g - k for g, k in zip(noisy, known)])
         # Divide by the EXPECTED batch size (not the realised one, which depends on the data).
         for p, g in zip(self.params, noisy):
             p.grad = g / self.expected_batch_size
