@@ -148,6 +148,9 @@ def run_epsilon(run: dict[str, Any]) -> PublishableEpsilon:
         return PublishableEpsilon(value, delta, accountant, guarantee)
     if run.get("mechanism") == "none" or run.get("epsilon") is None:
         return PublishableEpsilon(None, None, None, guarantee)
+    stated = run.get("stated_privacy")  # a running run: its stated accountant's latest value (engine.store)
+    if stated and run.get("status") == "running":
+        return PublishableEpsilon(float(stated["epsilon"]), stated["delta"], stated["accountant"], guarantee)
     return PublishableEpsilon(float(run["epsilon"]), run.get("delta"), run.get("accountant"), guarantee)
 
 

@@ -496,7 +496,22 @@ class Store:
             row = self.db["runs"].get(run_id)
         except sqlite_utils.db.NotFoundError:
             raise DPWError(f"no run with id {run_id} in {self.path}", hint="`dpw list` shows the runs") from None
-        return self._with_tags(self._with_study(_decode_run(row)))
+        return self._with_stated(self._with_tags(self._with_study(_decode_run(row))))
+
+    def _with_stated(self, run: dict[str, Any]) -> dict[str, Any]:
+        """A running DP-SGD run whose row holds the live bound of its latest step (the ledger's safe
+        value) also gets `run["stated_privacy"]`: the latest row of the accountant its config states
+        (e.g. pld, computed at evaluations), so views show the tight value instead of flipping between
+        the two (engine.publication.run_epsilon)."""
+        stated = (run.get("config") or {}).get("accountant")
+        if run.get("status") != "running" or run.get("mechanism") != "dpsgd" or not stated \
+                or run.get("accountant") in (None, stated):
+            return run
+        row = self.db.conn.execute("select step, epsilon, delta, accountant from privacy where run_id = ? and "
+                                   "accountant = ? order by step desc limit 1", [run["id"], stated]).fetchone()
+        if row is not None:
+            run["stated_privacy"] = dict(zip(("step", "epsilon", "delta", "accountant"), row))
+        return run
 
     def find_run(self, ref: str | int) -> dict[str, Any]:
         """A run by id, or by name (the newest run of that name); an all-digit reference that is no
@@ -517,7 +532,7 @@ class Store:
         self.reconcile_orphans()
         studies = {s["id"]: s for s in self.list_studies()}
         tags = self._tags_of()
-        return [self._with_tags(self._with_study(_decode_run(r), studies), tags)
+        return [self._with_stated(self._with_tags(self._with_study(_decode_run(r), studies), tags))
                 for r in self.db["runs"].rows_where(order_by="id")]
 
     def _with_tags(self, run: dict[str, Any], tags: dict[int, list[str]] | None = None) -> dict[str, Any]:

@@ -507,3 +507,22 @@ def test_a_read_only_schema_3_store_lists_runs_without_tags(tmp_path):
     (run,) = reader.list_runs()
     assert run["id"] == run_id and run["tags"] == [] and run["notes"] is None
     assert reader.get_run(run_id)["tags"] == []
+
+
+def test_a_running_run_states_its_accountants_latest_value_not_the_live_bound(store):
+    """While training, the row holds the latest step's live RDP bound (the ledger's safe value); views
+    show the configured accountant's latest value instead of flipping between the two, so a live bound
+    above the budget never reads as a breach. Once the run ends, the row's value is stated again."""
+    from engine.publication import epsilon_label, publishable_epsilon
+
+    run_id, writer = _writer(store)
+    store.mark_running(run_id)
+    writer.emit("privacy", step=10, epsilon=0.25, delta=1e-5, accountant="pld")
+    writer.emit("privacy", step=12, epsilon=0.71, delta=1e-5, accountant="rdp")
+    listed = next(r for r in store.list_runs() if r["id"] == run_id)
+    for row in (listed, store.get_run(run_id)):
+        assert (row["epsilon"], row["accountant"]) == (0.71, "rdp")  # the ledger keeps the safe value
+        eps = publishable_epsilon(row)
+        assert (eps.value, eps.accountant) == (0.25, "pld") and epsilon_label(row) == "0.25"
+    store.update_run(run_id, status="failed")
+    assert publishable_epsilon(store.get_run(run_id)).value == 0.71
