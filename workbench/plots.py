@@ -102,6 +102,9 @@ class Plot(pg.PlotWidget):
         legend.setParentItem(None)
         item.layout.addItem(legend, 4, 1)
         item.legend = legend  # named curves added to the plot join it
+        # Labels are laid out (and widen) after they are added: refit the columns whenever the legend's
+        # size changes, so a legend wider than the plot never pushes the plot under its neighbour.
+        legend.geometryChanged.connect(lambda: QTimer.singleShot(0, self, self._fit_legend))
         return legend
 
     def apply_palette(self) -> None:
@@ -130,9 +133,10 @@ class Plot(pg.PlotWidget):
         """As many legend entries side by side as the width takes (a wider legend would widen the
         plot past its place in the layout, under its neighbour)."""
         legend = getattr(self, "legend", None)
-        if legend is None:
+        if legend is None or self.closed:
             return
-        widest = max((label.boundingRect().width() + 50 for _, label in legend.items), default=200.0)
+        # the text's own width: a label's bounding rect stretches to its column once laid out
+        widest = max((label.item.boundingRect().width() + 50 for _, label in legend.items), default=200.0)
         columns = int(max(1, min(4, (self.width() - 60) // widest)))
         if columns != legend.columnCount:
             legend.setColumnCount(columns)

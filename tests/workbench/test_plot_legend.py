@@ -1,0 +1,22 @@
+"""A plot's legend never makes the plot wider than its place in the layout (Compare's grid)."""
+
+from __future__ import annotations
+
+from workbench.plots import Plot
+
+
+def test_a_legend_of_long_names_wraps_to_columns_that_fit_the_plot(qtbot):
+    plot = Plot("Accuracy against privacy", "publishable ε", "test accuracy")
+    qtbot.addWidget(plot)
+    plot.resize(432, 500)
+    plot.show()
+    for index, name in enumerate(["2: digits-eps1-a-long-run-name", "3: digits-eps2-a-long-run-name",
+                                  "4: digits-eps4-a-long-run-name", "5: dpsgd-breast-cancer-baseline"]):
+        plot.curve(name, index).setData([0.5, 1.0, 2.0], [0.7, 0.8, 0.9])
+    qtbot.wait(100)  # labels are laid out after they are added; the legend refits then
+    item = plot.getPlotItem()
+    assert plot.legend.boundingRect().width() <= plot.width()
+    assert item.geometry().width() <= plot.width() + 1
+    plot.resize(1200, 500)
+    qtbot.wait(100)
+    assert plot.legend.columnCount > 1  # room again: side by side
