@@ -140,6 +140,13 @@ class Plot(pg.PlotWidget):
         columns = int(max(1, min(4, (self.width() - 60) // widest)))
         if columns != legend.columnCount:
             legend.setColumnCount(columns)
+        if self.getPlotItem().geometry().width() > self.width() + 1:
+            # The plot kept the width a wider legend forced on it at the last resize: fit it to the view again.
+            QTimer.singleShot(0, self, self._fit_to_view)
+
+    def _fit_to_view(self) -> None:
+        if not self.closed:
+            pg.GraphicsView.resizeEvent(self, None)  # sets the plot's geometry to the view's rectangle
 
     def showEvent(self, event) -> None:  # noqa: N802
         # Curves set while hidden were downsampled for a zero-size view; redo them at the real size.

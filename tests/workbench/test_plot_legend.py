@@ -20,3 +20,6 @@ def test_a_legend_of_long_names_wraps_to_columns_that_fit_the_plot(qtbot):
     plot.resize(1200, 500)
     qtbot.wait(100)
     assert plot.legend.columnCount > 1  # room again: side by side
+    plot.resize(432, 500)  # narrow again: the plot follows the view, not the wider legend it had
+    qtbot.wait(100)
+    assert item.geometry().width() <= plot.width() + 1
