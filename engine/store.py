@@ -581,7 +581,7 @@ class Store:
         for run_id, status, pid, run_host, started in rows.fetchall():
             if run_host not in (None, host):
                 continue  # another machine's run: its process cannot be seen from here
-            if pid is None or not _pid_alive(pid) or _pid_reused(pid, started if status == "running" else None):
+            if _owner_gone(pid, started if status == "running" else None):
                 lost.append((run_id, status, pid))
         if not lost or not self.writable:
             return []
@@ -592,22 +592,10 @@ class Store:
                         "everything up to its last completed step is kept, with the privacy it spent; "
                         "start the run again to retry"),
         }
-        done = []
-        for run_id, status, pid in lost:
-            error, hint = reasons[status]
-            try:
-                with self._write() as conn:
-                    changed = conn.execute(
-                        "update runs set status = 'failed', finished = ?, error = ?, error_hint = ? "
-                        "where id = ? and status = ? and pid is ?", [now_iso(), error, hint, run_id, status, pid]
-                    ).rowcount
-            except sqlite3.OperationalError as exc:
-                if "full" not in str(exc):
-                    raise
-                break
-            if changed:
-                done.append(run_id)
-        return done
+        return self._update_each(
+            (run_id, "update runs set status = 'failed', finished = ?, error = ?, error_hint = ? "
+             "where id = ? and status = ? and pid is ?", [now_iso(), *reasons[status], run_id, status, pid])
+            for run_id, status, pid in lost)
 
     def reconcile_studies(self) -> list[int]:
         """Mark `running` studies whose own process on this host is gone (killed, crashed) as
@@ -618,23 +606,29 @@ class Store:
             return []
         host = socket.gethostname()
         rows = self.db.conn.execute("select id, pid, host, created from studies where status = 'running'").fetchall()
-        lost = [(study_id, pid) for study_id, pid, study_host, created in rows if study_host in (None, host)
-                and (pid is None or not _pid_alive(pid) or _pid_reused(pid, created))]
+        lost = [(study_id, pid) for study_id, pid, study_host, created in rows
+                if study_host in (None, host) and _owner_gone(pid, created)]
+        return self._update_each(
+            (study_id, "update studies set status = 'interrupted', finished = ?, error = ? "
+             "where id = ? and status = 'running' and pid is ?",
+             [now_iso(), "the study's process ended before the study finished (killed or crashed)", study_id, pid])
+            for study_id, pid in lost)
+
+    def _update_each(self, updates: Iterable[tuple[int, str, list[Any]]]) -> list[int]:
+        """Run each (id, sql, parameters) in a write transaction of its own; the ids whose row changed
+        (a row another reader already reconciled is left alone). A full disk stops here quietly: the
+        store stays readable, and the next reader with room does the rest."""
         done = []
-        for study_id, pid in lost:
+        for row_id, sql, parameters in updates:
             try:
                 with self._write() as conn:
-                    changed = conn.execute(
-                        "update studies set status = 'interrupted', finished = ?, error = ? "
-                        "where id = ? and status = 'running' and pid is ?",
-                        [now_iso(), "the study's process ended before the study finished (killed or crashed)",
-                         study_id, pid]).rowcount
+                    changed = conn.execute(sql, parameters).rowcount
             except sqlite3.OperationalError as exc:
                 if "full" not in str(exc):
                     raise
                 break
             if changed:
-                done.append(study_id)
+                done.append(row_id)
         return done
 
     # ---- events and derived rows -------------------------------------------------------------
@@ -784,6 +778,12 @@ def _decode_run(row: dict[str, Any]) -> dict[str, Any]:
         if row.get(key):
             row[key] = loads(row[key])
     return row
+
+
+def _owner_gone(pid: int | None, since: str | None) -> bool:
+    """The process that owns a run or a study on this host is gone: none recorded, dead, or its pid
+    now held by a process that began after `since` (see _pid_reused)."""
+    return pid is None or not _pid_alive(pid) or _pid_reused(pid, since)
 
 
 def _pid_reused(pid: int, started: str | None) -> bool:
