@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from engine.errors import ConfigError, DPWError
+from workbench.store_client import end_helper
 
 REPO = Path(__file__).resolve().parents[1]
 CHECK_TIMEOUT_S = 600.0  # a first check imports torch and may load (or download) a large dataset
@@ -75,18 +76,8 @@ class PrecheckClient:
 
     def _stop(self) -> None:
         process, self._process = self._process, None
-        if process is None:
-            return
-        try:
-            process.stdin.close()
-        except OSError:
-            pass
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        process.stdout.close()
+        if process is not None:
+            end_helper(process, timeout=5)
 
     def close(self) -> None:
         """End the helper (end of input); a check in progress is cut short (it answers that it ended)."""

@@ -110,18 +110,8 @@ class StoreClient:
 
     def _stop(self) -> None:
         process, self._process = self._process, None
-        if process is None:
-            return
-        try:
-            process.stdin.close()  # end of input: the helper closes the store and exits
-        except OSError:
-            pass
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        process.stdout.close()
+        if process is not None:
+            end_helper(process, timeout=10)  # the helper closes the store and exits
 
     def _restart(self, why: str) -> None:
         if self._process is not None and self._process.poll() is None:
@@ -250,3 +240,18 @@ class StoreClient:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def end_helper(process: subprocess.Popen, *, timeout: float) -> None:
+    """End a line-protocol helper process (the store helper, the pre-run check): close its input, which
+    asks it to finish and exit, wait up to `timeout` seconds, then kill it."""
+    try:
+        process.stdin.close()
+    except OSError:
+        pass
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    process.stdout.close()
