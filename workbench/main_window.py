@@ -67,6 +67,7 @@ class MainWindow(QMainWindow):
         self._checking = False
         self.run_data: dict[int, RunData] = {}
         self.current_run_id: int | None = None
+        self.studies: list[StudyProcess] = []  # tuning studies started from this window
 
         self._build_widgets()
         self._build_actions()
@@ -279,7 +280,7 @@ class MainWindow(QMainWindow):
         if self.client.active_ids():
             self.statusBar().showMessage("Stopping runs…")
         self.client.shutdown()
-        for study in getattr(self, "studies", []):
+        for study in self.studies:
             study.shutdown()  # stopped, not killed: it records what it spent (engine.study)
         self.audit.shutdown()
         self.list_timer.stop()
@@ -691,17 +692,10 @@ class MainWindow(QMainWindow):
         """Choose a study file, show its plan and epsilon (StudyPlanDialog); Start runs it in the background."""
         from engine.study_config import StudyConfig
 
-        if path is None:
-            start = self.settings.text("study/folder", str(Path.cwd()))
-            path, _ = QFileDialog.getOpenFileName(self, "Open tuning study", start, STUDY_FILTER)
-            if not path:
-                return None
-        try:
-            config = StudyConfig.load_toml(path)
-        except DPWError as exc:
-            QMessageBox.warning(self, "Cannot load the study", describe_error(exc))
+        path, config = self._open_toml(path, StudyConfig.load_toml, folder_key="study/folder",
+                                       title="Open tuning study", file_filter=STUDY_FILTER, what="the study")
+        if config is None:
             return None
-        self.settings.set_text("study/folder", str(Path(path).parent))
         dialog = StudyPlanDialog(path, config, self.client.environment, self)
         dialog.accepted.connect(lambda: self.start_study(path))
         dialog.open()
@@ -710,7 +704,7 @@ class MainWindow(QMainWindow):
     def start_study(self, path: str | Path) -> StudyProcess:
         """Run `dpw study` on `path` in its own process; its runs appear in the list as they start."""
         study = StudyProcess(path, self.store.path, self.client.environment, self)
-        self.studies = [s for s in getattr(self, "studies", []) if s.running()] + [study]
+        self.studies = [s for s in self.studies if s.running()] + [study]
         study.candidate.connect(lambda _run_id: self.refresh_runs())
         study.ended.connect(self._on_study_ended)
         self.statusBar().showMessage(f"Study {Path(path).name} started", 5000)
@@ -722,19 +716,29 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"{what} {status}" + (f": {message}" if message else ""), 15000)
 
     # ---- config files --------------------------------------------------------------------------
-    def open_config(self, path: str | None = None) -> bool:
+    def _open_toml(self, path: str | None, load, *, folder_key: str, title: str, file_filter: str,
+                   what: str) -> tuple[str | None, Any]:
+        """(path, what `load` read from it): the file chosen in a dialog opened in the folder remembered
+        under `folder_key` when no `path` is given; (path, None) when cancelled or unreadable (said why)."""
         if path is None:
-            start = self.settings.text("setup/folder", str(Path.cwd()))
-            path, _ = QFileDialog.getOpenFileName(self, "Open run config", start, TOML_FILTER)
+            start = self.settings.text(folder_key, str(Path.cwd()))
+            path, _ = QFileDialog.getOpenFileName(self, title, start, file_filter)
             if not path:
-                return False
+                return None, None
         try:
-            config = RunConfig.load_toml(path)
+            loaded = load(path)
         except DPWError as exc:
-            QMessageBox.warning(self, "Cannot load the config", describe_error(exc))
+            QMessageBox.warning(self, f"Cannot load {what}", describe_error(exc))
+            return path, None
+        self.settings.set_text(folder_key, str(Path(path).parent))
+        return path, loaded
+
+    def open_config(self, path: str | None = None) -> bool:
+        path, config = self._open_toml(path, RunConfig.load_toml, folder_key="setup/folder",
+                                       title="Open run config", file_filter=TOML_FILTER, what="the config")
+        if config is None:
             return False
         self.form.load_config(config)
-        self.settings.set_text("setup/folder", str(Path(path).parent))
         self.tabs.setCurrentWidget(self.form)
         self.statusBar().showMessage(f"Loaded {path}", 5000)
         return True
