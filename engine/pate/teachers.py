@@ -248,7 +248,7 @@ def _finish(groups: list[StackedEnsemble], x: torch.Tensor, shards, t0: float, e
             losses: np.ndarray, model_name: str) -> Teachers:
     with torch.no_grad():
         num_classes = int(groups[0].forward_shared(x[:1].to(next(groups[0].parameters()).device)).shape[-1])
-    activation = largest_activation(groups[0].member_module(0), tuple(x.shape[1:]))
+    activation = largest_activation(groups[0].member_module(0).cpu(), tuple(x.shape[1:]))
     return Teachers(
         groups=groups,
         model_name=model_name,
