@@ -211,19 +211,9 @@ class MappedRows:
         """Rows as a float32 tensor: `index` is an int, a slice, or an integer array/tensor of any shape."""
         import torch
 
-        if isinstance(index, slice):
-            wanted = np.arange(len(self))[index]
-        elif isinstance(index, (int, np.integer)):
+        if isinstance(index, (int, np.integer)):
             return self[np.array([int(index)])][0]
-        else:
-            if isinstance(index, torch.Tensor):
-                if index.dtype == torch.bool:
-                    index = index.nonzero().flatten()
-                index = index.detach().cpu().numpy()
-            wanted = np.asarray(index, dtype=np.int64)
-            if wanted.size and (wanted.min() < -len(self) or wanted.max() >= len(self)):
-                raise IndexError(f"row index out of range for {len(self)} rows")
-            wanted = np.where(wanted < 0, wanted + len(self), wanted)
+        wanted = self._positions(index)
         flat = wanted.reshape(-1)
         source_rows = flat if self.rows is None else self.rows[flat]
         raw = self.source.read(source_rows) if len(flat) else np.zeros((0, *self.source.shape[1:]), np.uint8)
@@ -233,13 +223,40 @@ class MappedRows:
         x = x.sub_(IMAGE_MEAN).div_(IMAGE_STD).reshape(*wanted.shape, *self.source.shape[1:])
         return x.to(self._device)
 
-    def subset(self, rows: np.ndarray) -> "MappedRows":
-        """The rows `rows` of this split, still read on demand."""
-        rows = np.asarray(rows, dtype=np.int64)
-        return MappedRows(self.source, rows if self.rows is None else self.rows[rows], device=self._device)
+    def subset(self, rows: Any) -> "MappedRows":
+        """The rows `rows` of this split (a slice, or an integer array/tensor as indexing a tensor
+        takes), in that order, still read on demand: nothing is read here."""
+        wanted = self._positions(rows)
+        return MappedRows(self.source, wanted if self.rows is None else self.rows[wanted], device=self._device)
+
+    def _positions(self, index: Any) -> np.ndarray:
+        """`index` (a slice, or an integer or boolean array/tensor) as row positions 0..len-1."""
+        import torch
+
+        if isinstance(index, slice):
+            return np.arange(len(self), dtype=np.int64)[index]
+        if isinstance(index, torch.Tensor):
+            index = index.detach().cpu().numpy()
+        wanted = np.asarray(index)
+        if wanted.dtype == np.bool_:
+            if wanted.shape != (len(self),):
+                raise IndexError(f"a boolean row mask of shape {wanted.shape} for {len(self)} rows")
+            return np.flatnonzero(wanted)
+        wanted = wanted.astype(np.int64, copy=False)
+        if wanted.size and (wanted.min() < -len(self) or wanted.max() >= len(self)):
+            raise IndexError(f"row index out of range for {len(self)} rows")
+        return np.where(wanted < 0, wanted + len(self), wanted)
 
     def __repr__(self) -> str:
         return f"MappedRows({self.source.name}, shape={self.shape})"
+
+
+def take_rows(x: Any, rows: Any) -> Any:
+    """Rows `rows` (a slice, or an index tensor/array) of an input split, in that order: a `MappedRows`
+    stays read on demand (a view over those rows, nothing read), an in-memory tensor is indexed as
+    always (`x[rows]`). Every selection of training, test or pool rows (a rank's shard, a
+    `train_subset`, PATE's public pool) goes through here, so data larger than memory stays mapped."""
+    return x.subset(rows) if isinstance(x, MappedRows) else x[rows]
 
 
 # ---- datasets ----------------------------------------------------------------------------------

@@ -23,6 +23,13 @@ and a payload that depends on the type:
 
 The same events are written to the store's `events` table, so a reopened window can replay a run.
 
+The `finished` event's `summary` (also the store's `runs.summary`) is made by the mechanism's
+`finish` (engine.runs.PreparedRun, engine.pate.run.PreparedPATERun). A DP-SGD run launched with
+`dpw run CONFIG --nproc N` adds `distributed`: {`world_size` (N), `noise_added_by` ("rank 0": the
+Gaussian noise is added once per step, by rank 0 alone), `parameters_identical` (true when every
+rank ended with the same weights, compared by a sha256 of each rank's parameters; rank 0's model is
+saved either way)} (engine.dpsgd.distributed).
+
 Non-finite numbers (an epsilon of inf when the noise is tiny, a NaN loss) are written as the
 strings "Infinity", "-Infinity" and "NaN" (JSON has no such numbers), so every line stays strict
 JSON; `decode` (and the store's replay) turn them back into floats, except in free-text fields

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from engine.array_data import take_rows
 from engine.config import RunConfig
 from engine.datasets import Dataset, load_dataset
 from engine.dpsgd import trainer
@@ -177,12 +178,13 @@ def per_class_accuracy(predicted: torch.Tensor, target: torch.Tensor, class_name
 
 
 def train_subset(data: Dataset, size: int, *, seed: int) -> Dataset:
-    """A seeded random subset of the training split (the test split is kept whole)."""
+    """A seeded random subset of the training split (the test split is kept whole); inputs read on
+    demand (engine.array_data) stay so."""
     generator = torch.Generator().manual_seed(seed)
     keep = torch.randperm(data.num_train, generator=generator)[:size].sort().values
     return dataclasses.replace(
         data,
-        x_train=data.x_train[keep],
+        x_train=take_rows(data.x_train, keep),
         y_train=data.y_train[keep],
         split=(data.split + "; " if data.split else "") + f"training subset of {size} (seed {seed})",
     )

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from engine.array_data import take_rows
 from engine.datasets import Dataset
 from engine.errors import ConfigError, DPWError
 
@@ -111,12 +112,13 @@ class DataParallel:
                               "differ)", hint="give every node the same dataset files (--data-dir on each node)")
 
     def shard(self, data: Dataset) -> Dataset:
-        """This rank's strided shard of the training split (the test split stays whole for rank 0)."""
+        """This rank's strided shard of the training split (the test split stays whole for rank 0).
+        Inputs read on demand (engine.array_data) stay so: the shard is a view over its rows."""
         self.num_train = data.num_train
         keep = torch.arange(self.rank, data.num_train, self.world_size)
         test = slice(None) if self.reports else slice(0, 0)  # only rank 0 evaluates and reports
-        return dataclasses.replace(data, x_train=data.x_train[keep], y_train=data.y_train[keep],
-                                   x_test=data.x_test[test], y_test=data.y_test[test])
+        return dataclasses.replace(data, x_train=take_rows(data.x_train, keep), y_train=data.y_train[keep],
+                                   x_test=take_rows(data.x_test, test), y_test=data.y_test[test])
 
     def broadcast_parameters(self, model: nn.Module) -> None:
         """Start every rank from rank 0's weights (seeded initialisation makes them equal already)."""

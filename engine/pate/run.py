@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from engine.array_data import take_rows
 from engine.config import RunConfig
 from engine.datasets import Dataset
 from engine.dpsgd.trainer import resolve_device
@@ -119,9 +120,9 @@ class PreparedPATERun:
     teacher_model_name: str
     device: torch.device
     emit: Emit
-    x_pool: torch.Tensor
+    x_pool: torch.Tensor  # or engine.array_data.MappedRows: inputs read on demand stay so
     y_pool: torch.Tensor
-    x_holdout: torch.Tensor
+    x_holdout: torch.Tensor  # as x_pool
     y_holdout: torch.Tensor
     # Called with each batch of vote rows as soon as it is released (the runner writes them to the
     # store, so a window can show recent votes live and a killed run keeps what it released).
@@ -170,7 +171,7 @@ class PreparedPATERun:
 
         try:
             emit("progress", phase="evaluating", done=0, total=1)
-            holdout_pred = teachers.predict(self.x_holdout.to(self.device), should_stop=should_stop).cpu()
+            holdout_pred = self._predictions(teachers, self.x_holdout, should_stop)
             result.teacher_accuracy, result.ensemble_accuracy = self._report_teachers(holdout_pred)
             released = self._answer_queries(teachers, result, should_stop)
         except InterruptedError:
@@ -183,7 +184,7 @@ class PreparedPATERun:
             return result
 
         answered_idx = np.flatnonzero(released.answered[: result.queries_processed])
-        x_lab = self.x_pool[torch.as_tensor(answered_idx, dtype=torch.long)]
+        x_lab = take_rows(self.x_pool, torch.as_tensor(answered_idx, dtype=torch.long))
         y_lab = torch.as_tensor(released.labels[answered_idx], dtype=torch.long)
         torch.manual_seed(_seed(config, 4))
         result.student = train_student(
@@ -210,6 +211,16 @@ class PreparedPATERun:
                  "(lower the threshold, raise the budget or ask more queries)")
         result.seconds = time.monotonic() - t0
         return result
+
+    def _predictions(self, teachers: Teachers | RayTeachers, x: Any,
+                     should_stop: Callable[[], bool]) -> torch.Tensor:
+        """Each teacher's predicted class for each row of `x`: (teachers, examples). Inputs read on demand
+        (engine.array_data) are read QUERY_CHUNK rows at a time: the split need not fit in memory, and
+        Ray's teachers take arrays."""
+        if isinstance(x, torch.Tensor):
+            return teachers.predict(x.to(self.device), should_stop=should_stop).cpu()
+        return torch.cat([teachers.predict(x[s : s + QUERY_CHUNK].to(self.device), should_stop=should_stop).cpu()
+                          for s in range(0, len(x), QUERY_CHUNK)], dim=1)
 
     def _train_teachers(self, should_stop: Callable[[], bool]) -> Teachers | RayTeachers:
         config, emit, data = self.config, self.emit, self.data
@@ -569,8 +580,8 @@ def prepare_pate(config: RunConfig, data: Dataset, *, emit: Emit = _noop) -> Pre
         teacher_model_name=teacher_name,
         device=device,
         emit=emit,
-        x_pool=data.x_test[:pool],
+        x_pool=take_rows(data.x_test, slice(None, pool)),
         y_pool=data.y_test[:pool],
-        x_holdout=data.x_test[pool:],
+        x_holdout=take_rows(data.x_test, slice(pool, None)),
         y_holdout=data.y_test[pool:],
     )
