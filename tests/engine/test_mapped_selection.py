@@ -4,6 +4,7 @@ that read nothing until a step asks, and hold exactly the rows the in-memory sel
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -128,6 +129,27 @@ def test_pate_on_mapped_data_keeps_pool_and_holdout_mapped_and_trains_what_it_tr
     for (name, a), (_, b) in zip(mapped.model.state_dict().items(), in_memory.model.state_dict().items()):
         assert torch.equal(a, b), name
     assert mapped_result.test_accuracy == in_memory_result.test_accuracy > 0.5
+
+
+def test_pate_on_ray_votes_on_mapped_pool_and_holdout_as_the_local_backend(tmp_path):
+    ray = pytest.importorskip("ray", reason="ray is not installed: pip install -e '.[dev]' (or the cluster extra)")
+    folder, _ = _mapped_and_in_memory(tmp_path, n=600, n_test=200)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the Ray workers (one CPU each), so both backends compute alike
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        runs = {}
+        for backend in ("ray", "local"):
+            run = prepare(dataclasses.replace(_pate_config(folder), teachers_backend=backend))
+            runs[backend] = (run, run.train())
+    finally:
+        ray.shutdown()
+        torch.set_num_threads(threads)
+    (on_ray, ray_result), (local, local_result) = runs["ray"], runs["local"]
+    assert isinstance(on_ray.x_pool, MappedRows) and isinstance(on_ray.x_holdout, MappedRows)
+    assert [r["histogram"] for r in ray_result.vote_rows] == [r["histogram"] for r in local_result.vote_rows]
+    assert ray_result.ensemble_accuracy == local_result.ensemble_accuracy  # voted on the mapped held-out split
+    assert ray_result.test_accuracy is not None and ray_result.test_accuracy > 0.5
 
 
 _PEAK_SCRIPT = r"""
