@@ -19,6 +19,7 @@ from engine.config import RunConfig
 from engine.datasets import load_dataset
 from engine.dpsgd.distributed import DataParallel
 from engine.runs import prepare, train_subset
+from engine.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -104,6 +105,36 @@ def test_dp_sgd_with_a_train_subset_on_mapped_data_trains_the_model_it_trains_in
     for (name, a), (_, b) in zip(mapped.model.state_dict().items(), in_memory.model.state_dict().items()):
         assert torch.equal(a, b), name
     assert mapped_result.test_accuracy == in_memory_result.test_accuracy > 0.8
+
+
+def test_two_processes_train_on_a_mapped_folder_with_a_train_subset(tmp_path):
+    """`dpw run --nproc 2` on x.npy/y.npy: each rank's shard of the subset is read on demand."""
+    folder, _ = _mapped_and_in_memory(tmp_path, n=700, n_test=100)
+    config = tmp_path / "mapped.toml"
+    config.write_text(f"""
+name = "mapped"
+dataset = "{folder}"
+model = "mlp"
+mechanism = "dpsgd"
+train_subset = 400
+noise_multiplier = 1.0
+clipping_norm = 1.0
+delta = 1e-4
+expected_batch_size = 50
+epochs = 2
+learning_rate = 0.5
+seed = 2
+device = "cpu"
+""")
+    db = tmp_path / "runs.sqlite"
+    proc = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(config), "--db", str(db), "--json",
+                           "--nproc", "2"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    run = Store(db).get_run(1)
+    assert run["num_train"] == 400 and run["steps_done"] == 16  # 2 epochs x 400 / 50, the whole subset's q
+    assert run["summary"]["distributed"] == {"world_size": 2, "noise_added_by": "rank 0",
+                                             "parameters_identical": True}
+    assert run["accuracy"] > 0.8
 
 
 def _pate_config(dataset: Path) -> RunConfig:
