@@ -4,6 +4,7 @@ Not a test (CI does not run it). Usage:
 
     python tests/bench/bench_dpsgd.py [--data-dir ../shared/data] [--device cpu|cuda]
                                       [--batch 256] [--steps 100] [--extra]
+    python tests/bench/bench_dpsgd.py --device cuda --batches 256,1024,4096   # the GPU table (issue 17)
 
 Modes, all on the same model (registry "mnist_cnn", same initial weights), the same data and
 the same Poisson-sampled batches (expected size --batch), noise multiplier 1.1, clipping norm 1.0:
@@ -19,6 +20,8 @@ the same Poisson-sampled batches (expected size --batch), noise multiplier 1.1, 
   (c)  Opacus: PrivacyEngine.make_private(poisson_sampling=True, default "hooks" grad sampler);
        its model and DPOptimizer are fed the same batches as the others (Opacus's own data
        loader is not timed, nor is any mode's accountant: the step's compute is compared)
+  (cg) Opacus ghost clipping: make_private(..., criterion=CrossEntropyLoss(), grad_sample_mode="ghost"),
+       whose wrapped criterion runs the two backward passes of fast gradient clipping (Opacus >= 1.5)
 
 The modes run interleaved, in rounds of a few steps each with the order rotated every round, so
 noise from other processes on the machine hits all of them alike; samples/s is the median over
@@ -26,6 +29,11 @@ rounds, and each ratio is the median over rounds of the per-round ratio (with it
 best round of each mode is printed too, as the estimate least disturbed by other processes.
 Peak memory: each mode runs again alone in a fresh subprocess (peak RSS of that process during
 the steps above its RSS before them on CPU; torch.cuda.max_memory_allocated on GPU).
+
+With --batches B1,B2,... one table instead: for each expected batch size, (a), (b), (c) and (cg)
+timed in interleaved rounds as above, and the ratios (b)/best Opacus (per round, against the
+faster of (c) and (cg) in that round) and (b)/(a), each marked against issue 17's targets:
+>= 2x Opacus and >= 0.5x non-private at every batch size.
 """
 
 from __future__ import annotations
@@ -62,6 +70,11 @@ CLIPPING_NORM = 1.0
 LEARNING_RATE = 0.1
 STEPS_PER_ROUND = 2  # short rounds: a burst of load from other processes hits all modes alike
 WARMUP_STEPS = 5
+# Issue 17's targets for the GPU table (--batches): engine DP-SGD against the best Opacus mode and
+# against non-private training, at every batch size.
+TARGET_VS_OPACUS = 2.0
+TARGET_VS_NON_PRIVATE = 0.5
+TABLE_MODES = ["a", "b", "c", "cg"]
 
 MODES = {
     "a": "(a)  non-private SGD, plain torch",
@@ -70,6 +83,7 @@ MODES = {
     "bh": "(bh) engine DP-SGD, hardened noise sampler",
     "b0": "(b0) engine DP-SGD, model not accelerated",
     "c": "(c)  Opacus DP-SGD",
+    "cg": "(cg) Opacus DP-SGD, ghost clipping",
 }
 
 Step = Callable[[torch.Tensor, torch.Tensor], object]
@@ -81,6 +95,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="folder holding mnist/ (default: ../shared/data beside the repository)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--batch", type=int, default=256, help="expected (Poisson) batch size")
+    parser.add_argument("--batches", type=_batch_list, default=None,
+                        help="comma-separated expected batch sizes (e.g. 256,1024,4096): one table of "
+                             "(a), (b), (c), (cg) per batch size with the issue's targets; replaces --batch")
     parser.add_argument("--steps", type=int, default=100,
                         help=f"timed steps per mode (in rounds of {STEPS_PER_ROUND})")
     parser.add_argument("--max-physical", type=int, default=None,
@@ -89,6 +106,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-memory", action="store_true", help="skip the per-mode memory subprocesses")
     parser.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)  # internal: one mode alone
     return parser.parse_args(argv)
+
+
+def _batch_list(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of positive batch sizes; write e.g. 256,1024,4096")
+    return sizes
 
 
 def load_data(args) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,29 +170,30 @@ def make_step(mode: str, initial: dict, args, n_train: int) -> Step:
             return step(x, y)
 
         return hardened_step
-    if mode == "c":
+    if mode in ("c", "cg"):
         from opacus import PrivacyEngine
 
         optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
         # make_private takes its sample rate from the loader: 1 / len(loader) ~ batch / N.
         dataset = torch.utils.data.TensorDataset(torch.zeros(n_train, 1), torch.zeros(n_train))
         loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch)
+        common = dict(module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=NOISE_MULTIPLIER,
+                      max_grad_norm=CLIPPING_NORM, poisson_sampling=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             engine = PrivacyEngine(accountant="rdp")
-            dp_model, dp_optimizer, _ = engine.make_private(
-                module=model,
-                optimizer=optimizer,
-                data_loader=loader,
-                noise_multiplier=NOISE_MULTIPLIER,
-                max_grad_norm=CLIPPING_NORM,
-                poisson_sampling=True,
-                grad_sample_mode="hooks",
-            )
+            if mode == "c":
+                dp_model, dp_optimizer, _ = engine.make_private(grad_sample_mode="hooks", **common)
+                criterion = F.cross_entropy
+            else:
+                # Ghost clipping: the wrapped criterion's loss.backward() runs both backward passes
+                # (per-example norms, then the clipped, reweighted gradient).
+                dp_model, dp_optimizer, criterion, _ = engine.make_private(
+                    grad_sample_mode="ghost", criterion=nn.CrossEntropyLoss(), **common)
 
         def opacus_step(x, y):
             dp_optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(dp_model(x), y).backward()
+            criterion(dp_model(x), y).backward()
             dp_optimizer.step()
 
         return opacus_step
@@ -274,6 +302,87 @@ def measure_memory(mode: str, args) -> dict | None:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def memory_text(info: dict | None) -> str:
+    if not info:
+        return "-"
+    delta = info.get("delta_mib")
+    extra = f" (+{delta:.0f} in steps)" if delta is not None else ""
+    return f"{info['peak_mib']:.0f} MiB{extra}"
+
+
+# ------------------------------------------------------------------------------------------------
+# The table over batch sizes (--batches): issue 17's GPU benchmark
+# ------------------------------------------------------------------------------------------------
+
+
+def per_round_ratios(numerator: list[float], denominator: list[float]) -> list[float]:
+    return sorted(a / b for a, b in zip(numerator, denominator))
+
+
+def ratio_text(per_round: list[float]) -> str:
+    return f"{statistics.median(per_round):5.2f}x [{per_round[0]:.2f}-{per_round[-1]:.2f}]"
+
+
+def met(value: float, target: float) -> str:
+    return "met" if value >= target else "NOT met"
+
+
+def batch_table(args) -> int:
+    """Time (a), (b), (c), (cg) at each batch size of --batches and print one table with the targets."""
+    print(describe_machine(args))
+    print(f"MNIST, mnist_cnn, noise multiplier {NOISE_MULTIPLIER}, clipping norm {CLIPPING_NORM}; per batch size "
+          f"{args.steps} timed steps per mode in interleaved rounds of {STEPS_PER_ROUND} (+{WARMUP_STEPS} warm-up); "
+          f"samples/s: median over rounds; ratios: median over rounds [min-max]")
+    torch.manual_seed(0)
+    x, y = load_data(args)
+    initial = build_model("mnist_cnn", input_shape=(1, 28, 28), num_classes=10).state_dict()
+    rows = []
+    for batch in args.batches:
+        at = argparse.Namespace(**{**vars(args), "batch": batch})
+        load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        rates = time_modes(TABLE_MODES, at, x, y, initial)
+        load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        best_opacus = [max(c, g) for c, g in zip(rates["c"], rates["cg"])]  # the faster Opacus mode, per round
+        rows.append({
+            "batch": batch,
+            "rates": {m: statistics.median(rates[m]) for m in TABLE_MODES},
+            "vs_opacus": per_round_ratios(rates["b"], best_opacus),
+            "vs_non_private": per_round_ratios(rates["b"], rates["a"]),
+            "faster_opacus": max(("c", "cg"), key=lambda m: statistics.median(rates[m])),
+            "load": (load_before, load_after),
+            "memory": {m: (None if args.no_memory else measure_memory(m, at)) for m in TABLE_MODES},
+        })
+        print(f"  batch {batch}: done", flush=True)
+
+    names = {"a": "(a) non-private", "b": "(b) engine DP-SGD", "c": "(c) Opacus hooks", "cg": "(cg) Opacus ghost"}
+    header = (f"{'batch':>6s} | " + " | ".join(f"{names[m]:>17s}" for m in TABLE_MODES)
+              + f" | {'(b)/best Opacus':>19s} | {'(b)/(a)':>19s} | {'>= 2x Opacus':>12s} | {'>= 0.5x non-private':>19s}")
+    print()
+    print("samples/s")
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        vs_opacus, vs_a = statistics.median(row["vs_opacus"]), statistics.median(row["vs_non_private"])
+        print(f"{row['batch']:6d} | " + " | ".join(f"{row['rates'][m]:17.0f}" for m in TABLE_MODES)
+              + f" | {ratio_text(row['vs_opacus']):>19s} | {ratio_text(row['vs_non_private']):>19s}"
+              + f" | {met(vs_opacus, TARGET_VS_OPACUS):>12s} | {met(vs_a, TARGET_VS_NON_PRIVATE):>19s}")
+    print()
+    print("faster Opacus mode by median: " + ", ".join(f"batch {r['batch']} {names[r['faster_opacus']]}" for r in rows))
+    if not args.no_memory:
+        print("peak memory per mode (alone in a fresh process): " + "; ".join(
+            f"batch {r['batch']}: " + ", ".join(f"{m} {memory_text(r['memory'][m])}" for m in TABLE_MODES)
+            for r in rows))
+    if rows[0]["load"][0] is not None:
+        print("1-minute load average before/after each batch size: "
+              + ", ".join(f"{r['batch']}: {r['load'][0]:.2f}/{r['load'][1]:.2f}" for r in rows)
+              + f" (on {os.cpu_count()} cores)")
+    all_met = all(statistics.median(r["vs_opacus"]) >= TARGET_VS_OPACUS
+                  and statistics.median(r["vs_non_private"]) >= TARGET_VS_NON_PRIVATE for r in rows)
+    print(f"targets (b) >= {TARGET_VS_OPACUS:g}x best Opacus and (b) >= {TARGET_VS_NON_PRIVATE:g}x (a) at every batch "
+          f"size: {'met' if all_met else 'NOT met'}")
+    return 0
+
+
 # ------------------------------------------------------------------------------------------------
 
 
@@ -310,6 +419,8 @@ def main(argv=None) -> int:
     if args.memory_probe:
         memory_probe(args)
         return 0
+    if args.batches:
+        return batch_table(args)
     modes = ["a", "a'", "b", "bh", "c"] + (["b0"] if args.extra else [])
     print(describe_machine(args))
     print(f"MNIST, mnist_cnn, Poisson batches of expected size {args.batch}, noise multiplier "
@@ -329,12 +440,7 @@ def main(argv=None) -> int:
         return f"{med:5.2f}x [{per_round[0]:.2f}-{per_round[-1]:.2f}]"
 
     def mem(m: str) -> str:
-        info = memory[m]
-        if not info:
-            return "-"
-        delta = info.get("delta_mib")
-        extra = f" (+{delta:.0f} in steps)" if delta is not None else ""
-        return f"{info['peak_mib']:.0f} MiB{extra}"
+        return memory_text(memory[m])
 
     header = f"{'mode':44s} | {'samples/s':>9s} | {'vs Opacus (c)':>19s} | {'vs non-private (a)':>19s} | peak memory"
     print()
