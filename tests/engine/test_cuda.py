@@ -1,13 +1,14 @@
 """The CUDA path: per-example gradients, DP-SGD's sampling and noise, runs through `dpw run`, and the
 exported model of a CUDA-trained run used on a machine without a GPU.
 
-Marked `cuda` and skipped where torch sees no CUDA GPU (CI on CPU). On a GPU machine:
+The GPU tests are marked `cuda` and skipped where torch sees no CUDA GPU (CI on CPU). On a GPU machine:
 
     QT_QPA_PLATFORM=offscreen python -m pytest -m cuda tests/engine/test_cuda.py -v
 
 Every check lives in a helper that takes the device as a parameter; the tests call it with "cuda"
 and compare with the CPU (the definition of right for the engine: tests/engine/test_per_sample.py
-pins the CPU to single-example backward passes).
+pins the CPU to single-example backward passes). One test runs only where there is NO GPU: asking
+for "cuda" there is a one-line error that stores no run.
 """
 
 from __future__ import annotations
@@ -39,11 +40,14 @@ from engine.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(),
-                       reason="needs a CUDA GPU (torch.cuda.is_available() is False); run with -m cuda on one"),
-]
+_NEEDS_GPU = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU (torch.cuda.is_available() is False); run with -m cuda on one")
+
+
+def on_cuda(test):
+    """Mark a test `cuda` and skip it where torch sees no CUDA GPU."""
+    return pytest.mark.cuda(_NEEDS_GPU(test))
+
 
 # float32 on a GPU against float32 on a CPU: the same math with other kernels and summation orders.
 ATOL, RTOL = 1e-4, 1e-3
@@ -167,6 +171,7 @@ def dpsgd_step_weights(name: str, state: dict, x: torch.Tensor, y: torch.Tensor,
     return on_cpu(params)
 
 
+@on_cuda
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_per_example_gradients_on_cuda_equal_the_cpu_ones(name):
     state, x, y = case_model_and_batch(name)
@@ -180,6 +185,7 @@ def test_per_example_gradients_on_cuda_equal_the_cpu_ones(name):
     assert_close_list(got["summed"], want["summed"])
 
 
+@on_cuda
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_clipped_sums_on_cuda_at_default_precision_are_within_tf32_error(name):
     """What a run computes (cuDNN's default TF32 convolutions included) stays close to the CPU's."""
@@ -190,6 +196,7 @@ def test_clipped_sums_on_cuda_at_default_precision_are_within_tf32_error(name):
     assert max(relative_errors([got["norms"]], [want["norms"]])) < TF32_RELATIVE_ERROR
 
 
+@on_cuda
 @pytest.mark.parametrize("name", ["mnist_cnn", "prelu_mlp"])
 def test_a_dpsgd_step_on_cuda_updates_the_weights_as_on_the_cpu(name):
     state, x, y = case_model_and_batch(name, batch=100, seed=7)
@@ -227,6 +234,7 @@ def sampling_and_noise(device: str, noise_sampler: str) -> dict:
     return out
 
 
+@on_cuda
 @pytest.mark.parametrize("noise_sampler", ["standard", "hardened"])
 def test_poisson_sampling_and_noise_on_cuda_have_their_distributions(noise_sampler):
     drawn = sampling_and_noise("cuda", noise_sampler)
@@ -360,6 +368,7 @@ def cuda_runs(tmp_path_factory, mnist_dir):
     return Store(db), runs
 
 
+@on_cuda
 @pytest.mark.parametrize("noise_sampler", ["standard", "hardened"])
 def test_dpsgd_run_on_cuda_through_dpw_run_finishes_with_its_epsilon_recorded(cuda_runs, noise_sampler):
     store, runs = cuda_runs
@@ -367,6 +376,7 @@ def test_dpsgd_run_on_cuda_through_dpw_run_finishes_with_its_epsilon_recorded(cu
     assert run["summary"]["randomness"]  # the private randomness is described, as on the CPU
 
 
+@on_cuda
 def test_model_trained_on_cuda_exports_and_predicts_on_a_machine_without_gpu(cuda_runs, tmp_path, mnist_dir):
     store, runs = cuda_runs
     check_export_on_a_machine_without_gpu(store, runs["standard"], tmp_path / "exported", mnist_dir)
@@ -395,6 +405,22 @@ def check_pate_run(store: Store, run_id: int, device: str) -> dict:
     return run
 
 
+@on_cuda
 def test_pate_run_on_cuda_through_dpw_run_trains_teachers_and_student_on_the_gpu(tmp_path, mnist_dir):
     store, run_id, _ = run_with_dpw(tmp_path, pate_config(mnist_dir, "cuda"), tmp_path / "runs.sqlite")
     check_pate_run(store, run_id, "cuda")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU: the error is for machines without")
+@pytest.mark.parametrize("mechanism", ["dpsgd", "pate"])
+def test_cuda_asked_for_without_a_gpu_is_one_line_naming_device_and_stores_no_run(tmp_path, mechanism):
+    extra = {"pate": dict(num_teachers=5, threshold=4.0, sigma1=1.5, sigma2=1.0, num_queries=50)}.get(mechanism, {})
+    config = tmp_path / "gpu.toml"
+    config.write_text(toml_text(dict(name="gpu", dataset="digits", mechanism=mechanism, noise_multiplier=1.0,
+                                     delta=1e-4, epochs=1, device="cuda", **extra)))
+    db = tmp_path / "runs.sqlite"
+    ran = dpw("run", str(config), "--db", str(db))
+    assert ran.returncode == 1
+    assert ran.stderr.strip().splitlines() == [
+        "error: device: 'cuda' was asked for but no CUDA GPU is available — use 'cpu' or 'auto'"]
+    assert not db.exists() or Store(db).list_runs() == []
