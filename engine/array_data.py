@@ -251,6 +251,45 @@ class MappedRows:
         return f"MappedRows({self.source.name}, shape={self.shape})"
 
 
+class MappedGrid:
+    """Rows of a `MappedRows` laid out as an index matrix, e.g. a PATE teacher group's padded shards
+    (teachers, max_len): indexing it as the gathered (teachers, max_len, ...) tensor is indexed
+    (`grid[rows, cols]`, index tensors that broadcast) reads only the rows `index[rows, cols]`."""
+
+    def __init__(self, rows: MappedRows, index: np.ndarray):
+        self.rows = rows
+        self.index = np.asarray(index, dtype=np.int64)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (*self.index.shape, *self.rows.shape[1:])
+
+    def to(self, device: Any = None, *args: Any, **kwargs: Any) -> "MappedGrid":
+        return MappedGrid(self.rows.to(device), self.index)
+
+    def __getitem__(self, key: Any):
+        import torch
+
+        key = key if isinstance(key, tuple) else (key,)
+        parts = tuple(k.detach().cpu().numpy() if isinstance(k, torch.Tensor) else k for k in key)
+        return self.rows[self.index[parts]]
+
+    def numpy(self) -> np.ndarray:
+        """Every row of the grid, read now (for a consumer that needs an array, e.g. Ray's object store)."""
+        return self.rows[self.index].numpy()
+
+
+def gather_rows(x: Any, index: np.ndarray, *, max_bytes: int) -> Any:
+    """`x[index]` for an index matrix: a tensor for inputs in memory, and for inputs read on demand
+    whose gathered float32 rows would stay within `max_bytes`; beyond that a `MappedGrid` that reads
+    each batch's rows when asked. Both hold the same values, so what is trained does not change."""
+    import torch
+
+    if isinstance(x, MappedRows) and np.size(index) * int(np.prod(x.shape[1:])) * 4 > max_bytes:
+        return MappedGrid(x, index)
+    return x[torch.as_tensor(index)]
+
+
 def take_rows(x: Any, rows: Any) -> Any:
     """Rows `rows` (a slice, or an index tensor/array) of an input split, in that order: a `MappedRows`
     stays read on demand (a view over those rows, nothing read), an in-memory tensor is indexed as

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.array_data import gather_rows
 from engine.models import build_model
 from engine.pate.ensemble import StackedEnsemble
 from engine.pate.shards import shard_matrix
@@ -32,6 +33,7 @@ OnEpoch = Callable[[int, int, float], None]  # (epochs done over all groups, tot
 # operation does a lot of work. Measured on 2 cores: mnist_cnn is fastest at ~25 teachers x 32
 # examples, mlp at ~100-150 teachers.
 ACTIVATION_BUDGET = 2_500_000
+GATHER_BYTES = 1 << 30  # a group's shards read on demand are gathered into memory up to this size
 
 
 def largest_activation(model: nn.Module, input_shape: tuple[int, ...]) -> int:
@@ -167,9 +169,10 @@ def train_teachers(
 
 
 def gather_shards(x: torch.Tensor, y: torch.Tensor, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """One group's shards as (teachers, max_len, ...) inputs and (teachers, max_len) labels."""
-    index_t = torch.as_tensor(index)
-    return x[index_t], y[index_t]
+    """One group's shards as (teachers, max_len, ...) inputs and (teachers, max_len) labels. Inputs read
+    on demand (engine.array_data) whose group would take more than GATHER_BYTES in memory stay on disk:
+    each step then reads its batch's rows (the same values, so the same teachers, only slower)."""
+    return gather_rows(x, index, max_bytes=GATHER_BYTES), y[torch.as_tensor(index)]
 
 
 @dataclass

@@ -5,6 +5,7 @@ that read nothing until a step asks, and hold exactly the rows the in-memory sel
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import subprocess
 import sys
@@ -14,10 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from engine.array_data import MappedRows, take_rows
+from engine.array_data import MappedGrid, MappedRows, NpyRows, take_rows
 from engine.config import RunConfig
 from engine.datasets import load_dataset
 from engine.dpsgd.distributed import DataParallel
+from engine.pate import teachers as pate_teachers
+from engine.pate.shards import partition, shard_matrix
+from engine.pate.teachers import build_teachers, train_teachers
 from engine.runs import prepare, train_subset
 from engine.store import Store
 
@@ -160,6 +164,38 @@ def test_pate_on_mapped_data_keeps_pool_and_holdout_mapped_and_trains_what_it_tr
     for (name, a), (_, b) in zip(mapped.model.state_dict().items(), in_memory.model.state_dict().items()):
         assert torch.equal(a, b), name
     assert mapped_result.test_accuracy == in_memory_result.test_accuracy > 0.5
+
+
+def test_teachers_on_a_group_too_large_to_gather_read_each_batch_and_equal_teachers_in_memory(tmp_path,
+                                                                                               monkeypatch):
+    folder, npz = _mapped_and_in_memory(tmp_path, n=300)
+    mapped, in_memory = load_dataset(folder, seed=0), load_dataset(npz, seed=0)
+    shards = partition(mapped.num_train, 4, seed=1)
+    reads: list[int] = []
+
+    class CountingRows(NpyRows):  # the real reader, recording how many rows each read asks for
+        def read(self, rows):
+            reads.append(len(rows))
+            return super().read(rows)
+
+    mapped.x_train.source.__class__ = CountingRows
+    kwargs = dict(epochs=2, batch_size=8, make_optimizer=functools.partial(torch.optim.SGD, lr=0.1), seed=3,
+                  group_size=4)
+
+    def teachers():
+        return build_teachers("mlp", input_shape=(1, 10, 10), num_classes=4, num_teachers=4, seed=2)
+
+    monkeypatch.setattr(pate_teachers, "GATHER_BYTES", 0)  # no group fits: every step reads its batch
+    on_disk = train_teachers(teachers(), mapped.x_train, mapped.y_train, shards, **kwargs)
+    here = train_teachers(teachers(), in_memory.x_train, in_memory.y_train, shards, **kwargs)
+    steps = 2 * -(-max(len(s) for s in shards) // 8)
+    assert len(reads) == steps + 1 and max(reads) == 4 * 8  # a batch per teacher per step, then x[:1]
+    for k in range(4):
+        for name, value in here.member_state_dict(k).items():
+            assert torch.equal(on_disk.member_state_dict(k)[name], value), (k, name)
+    grid = pate_teachers.gather_shards(mapped.x_train, mapped.y_train, shard_matrix(shards)[0])[0]
+    assert isinstance(grid, MappedGrid) and grid.shape == (4, 60, 1, 10, 10)
+    assert np.array_equal(grid.numpy(), in_memory.x_train[torch.as_tensor(shard_matrix(shards)[0])].numpy())
 
 
 def test_pate_on_ray_votes_on_mapped_pool_and_holdout_as_the_local_backend(tmp_path):
