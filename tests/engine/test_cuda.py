@@ -383,12 +383,13 @@ def test_model_trained_on_cuda_exports_and_predicts_on_a_machine_without_gpu(cud
 
 
 def pate_config(mnist_dir: Path, device: str) -> dict:
-    """A short real-MNIST PATE run: 20 CNN teachers (stacked ensembles on the device), 300 queries."""
+    """A short real-MNIST PATE run: 20 CNN teachers (stacked ensembles on the device), 300 queries, a
+    semi-supervised student (its augmentations drawn on the CPU, applied on the device)."""
     return dict(name=f"pate-{device}", dataset="mnist", data_dir=str(mnist_dir.parent), mechanism="pate",
                 train_subset=4000, num_teachers=20, teacher_model="mnist_cnn", teacher_epochs=5,
                 teacher_batch_size=32, optimizer="adam", learning_rate=0.003, aggregator="confident",
                 threshold=13.0, sigma1=4.0, sigma2=2.0, num_queries=300, model="mnist_cnn", student_epochs=5,
-                delta=1e-5, seed=1, device=device)
+                semi_supervised=True, delta=1e-5, seed=1, device=device)
 
 
 def check_pate_run(store: Store, run_id: int, device: str) -> dict:
