@@ -22,8 +22,12 @@ not pickled) and is dropped once the audit is computed; only the counts leave.
   step's clipped sum of the sampled training examples (known to the training code) before scoring, so
   x_t is exactly the pair the accountant analyses (the noise, plus 1 when the canary joined, plus the
   other canaries that joined). This is what makes the audit tight; without it the data's own gradient
-  projects onto u_i and blurs the scores. sigma^2 is replaced by the spread of x_t over all canaries
-  when that is larger (the other canaries' joins).
+  projects onto u_i and blurs the scores. The directions are orthonormal (when there are no more
+  canaries than parameters and the orthogonalisation is affordable): the other canaries' joins then
+  do not show in x_t at all and the noise's projections are independent, so the scores are exactly
+  those of the ideal audit that engine.audit.canaries.plan_gradient_guesses simulates. Otherwise they
+  are independent random unit vectors (|<u_i, u_j>| ~ 1 / sqrt(d)), and sigma^2 is replaced by the
+  spread of x_t over all canaries when that is larger.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.audit.canaries import CanaryAudit, canary_audit
+from engine.audit.canaries import CanaryAudit, canary_audit, plan_gradient_guesses
 from engine.dpsgd.mechanism import poisson_sample
 from engine.errors import ConfigError
 from engine.randomness import (
@@ -49,6 +53,12 @@ from engine.randomness import (
 MAX_DIRECTION_ELEMENTS = 2**27
 """Gradient canaries keep an m x (number of parameters) matrix of directions (float32): at most this
 many elements (512 MiB)."""
+
+MAX_ORTHOGONALISATION_WORK = 1e12
+"""Orthonormal directions cost about 2 m^2 d multiply-adds (m canaries, d parameters; Cholesky QR): up to
+this much m^2 d (about 20 s on two cores) and with m <= d / 2 (a well-conditioned Gram matrix, so float32
+keeps the rows orthogonal to ~1e-6); otherwise the directions stay random unit vectors (nearly
+orthogonal)."""
 
 
 class _Secret:
@@ -163,16 +173,20 @@ class GradientCanaries(_Secret):
     kind = "gradient"
 
     def __init__(self, directions: torch.Tensor, included: np.ndarray, shapes: list[torch.Size], *,
-                 clipping_norm: float, noise_multiplier: float, sample_rate: float, sampler: Any):
+                 clipping_norm: float, noise_multiplier: float, sample_rate: float, sampler: Any,
+                 orthonormal: bool = False):
         super().__init__(included)
         self.directions = directions  # (m, d), unit rows
+        self.orthonormal = orthonormal  # rows orthogonal too: x_t carries no other canary
         self.shapes = shapes
         self.clipping_norm = clipping_norm
         self.sample_rate = sample_rate
         self._sampler = sampler
         self._in_rows = torch.as_tensor(np.flatnonzero(included), dtype=torch.long, device=directions.device)
         self._log_ratio = torch.zeros(directions.shape[0], dtype=torch.float64, device=directions.device)
-        self._variance = float(noise_multiplier) ** 2
+        self.noise_multiplier = float(noise_multiplier)
+        self._variance = self.noise_multiplier ** 2
+        self._steps = 0
         self._log_out = float(np.log1p(-sample_rate))
         self._log_in = float(np.log(sample_rate))
 
@@ -187,13 +201,16 @@ class GradientCanaries(_Secret):
                               hint=f"use at most {MAX_DIRECTION_ELEMENTS // dim} gradient canaries for this model")
         included = draw_inclusion(randomness, count)
         generator = _content_generator(randomness)
-        # Independent uniform unit vectors: two are nearly orthogonal (|<u_i, u_j>| ~ 1 / sqrt(d)), so the
-        # other canaries of a step barely show in a canary's score.
         directions = torch.randn((count, dim), generator=generator, dtype=torch.float32)
+        orthonormal = 2 * count <= dim and float(count) ** 2 * dim <= MAX_ORTHOGONALISATION_WORK
+        if orthonormal:  # a uniformly random orthonormal frame: Cholesky QR of a Gaussian matrix
+            lower = torch.linalg.cholesky(directions @ directions.T)
+            directions = torch.linalg.solve_triangular(lower, directions, upper=False)
         directions /= directions.norm(dim=1, keepdim=True)
         sampler = randomness.torch_generator(AUDIT_CANARY_SAMPLING, device)
         return cls(directions.to(device), included, shapes, clipping_norm=clipping_norm,
-                   noise_multiplier=noise_multiplier, sample_rate=sample_rate, sampler=sampler)
+                   noise_multiplier=noise_multiplier, sample_rate=sample_rate, sampler=sampler,
+                   orthonormal=orthonormal)
 
     def inject(self, summed: list[torch.Tensor]) -> None:
         """Add C u_i for each included canary that joins this step (probability q each) to the clipped sum."""
@@ -212,15 +229,25 @@ class GradientCanaries(_Secret):
         of the sampled training examples (the auditor's white-box view, knowing every other record)."""
         flat = torch.cat([g.reshape(-1).to(self.directions.dtype) for g in noisy])
         x = (self.directions @ flat).double() / self.clipping_norm
-        variance = max(self._variance, float(x.var())) if x.numel() > 1 else self._variance
+        variance = self._variance
+        if not self.orthonormal and x.numel() > 1:  # other canaries' joins leak in through |<u_i, u_j>| > 0
+            variance = max(variance, float(x.var()))
         self._log_ratio += torch.logaddexp(torch.full_like(x, self._log_out),
                                            self._log_in + (2.0 * x - 1.0) / (2.0 * variance))
+        self._steps += 1
 
     def scores(self) -> np.ndarray:
         """The summed log-likelihood ratios, one per canary."""
         return self._log_ratio.cpu().numpy()
 
     def audit(self, model: nn.Module | None = None, *, delta: float, device: Any = None) -> CanaryAudit:
+        """The bound from guesses whose number was planned from the run's public parameters (the steps
+        taken, q, sigma) before the scores are looked at, so no share has to be paid for by a correction."""
         scores = self.scores()
         self.directions = self._in_rows = None
-        return canary_audit(scores=scores, included=self._take_included(), kind=self.kind, delta=delta)
+        planned = None
+        if self._steps and scores.size >= 2:
+            planned = plan_gradient_guesses(canaries=scores.size, sample_rate=self.sample_rate,
+                                            noise_multiplier=self.noise_multiplier, steps=self._steps, delta=delta)
+        return canary_audit(scores=scores, included=self._take_included(), kind=self.kind, delta=delta,
+                            planned=planned)
