@@ -97,6 +97,18 @@ def audit_run(store, run_ref: str | int, *, examples: int = DEFAULT_EXAMPLES, se
 CANARY_KEYS = ("count", "kind", "epsilon_lower_bound", "confidence", "delta", "guesses", "correct")
 
 
+def kept_or_new_audit(store, run: dict[str, Any]) -> dict[str, Any]:
+    """The `dpw audit --json` object for a report: the membership audit kept with the run (Audit tab or
+    `python -m engine.audit_job`), so the report states what the window showed and needs no data files,
+    with the run's canary audit; computed now (engine defaults) when none was kept."""
+    from engine.audit_job import MEMBERSHIP_AUDIT_KEY
+
+    kept = (run.get("summary") or {}).get(MEMBERSHIP_AUDIT_KEY)
+    if kept:
+        return {**kept, "canaries": canary_result(run)}
+    return audit_run(store, run["id"]).to_json()
+
+
 def canary_result(run: dict[str, Any]) -> dict[str, Any] | None:
     """The canary audit a run recorded in its summary (None for a run without canaries)."""
     recorded = (run.get("summary") or {}).get("canaries")

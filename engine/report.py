@@ -323,9 +323,9 @@ def build_report(store: Store, run_ref: str | int, *, include_votes: bool = Fals
         report["pate"] = pate_section(store, run, summary, include_votes=include_votes,
                                       include_teacher_stats=include_teacher_stats)
     if include_audit:
-        from engine.audit_run import audit_run
+        from engine.audit_run import kept_or_new_audit
 
-        report["audit"] = audit_run(store, run_id).to_json()
+        report["audit"] = kept_or_new_audit(store, run)
     report["curves"] = curves(store, run)
     if figures:
         report["figures"] = render_figures(report["curves"], run)
@@ -557,6 +557,7 @@ def render_html(report: dict[str, Any]) -> str:
         mia = report["audit"]["mia"]
         parts.append("<h2>Membership-inference audit (PRIVATE: computed from the training data)</h2>" + _table({
             "attack": report["audit"]["attack"],
+            "computed": report["audit"].get("computed", "with this report"),
             "examples": f"{mia['members']} members, {mia['nonmembers']} non-members",
             "AUC": f"{mia['auc']:.4f} [{mia['auc_interval'][0]:.4f}, {mia['auc_interval'][1]:.4f}] "
                    f"({100 * mia['confidence']:g}% bootstrap)",

@@ -34,3 +34,31 @@ def test_setting_one_summary_key_keeps_the_others(tmp_path):
                                                  "membership_audit": {"mia": {"auc": 0.5}}}
     with pytest.raises(DPWError, match="no run with id 99"):
         store.set_summary_key(99, "membership_audit", {})
+
+
+def test_a_report_states_the_membership_audit_kept_with_the_run(tmp_path):
+    """`dpw report --include-audit` shows the audit the window kept (same numbers, when it was computed),
+    not a new one computed with other settings."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_export_report import train_in_store
+
+    from engine.audit_job import audit_and_store
+    from engine.report import build_report
+
+    store = Store(tmp_path / "runs.sqlite")
+    run_id, _ = train_in_store(store, name="kept", dataset="digits", noise_multiplier=1.0, epochs=1,
+                               expected_batch_size=64, device="cpu")
+    kept = audit_and_store(store, run_id)
+    audit = build_report(store, run_id, include_audit=True, figures=False)["audit"]
+    assert audit["computed"] == kept["computed"] and audit["mia"] == kept["mia"]
+    assert audit["mia"]["roc"]["points"] >= len(audit["mia"]["roc"]["fpr"])  # the kept, thinned curve
+    assert audit["canaries"] is None  # the run had none
+
+    fresh = Store(tmp_path / "other.sqlite")
+    other_id, _ = train_in_store(fresh, name="fresh", dataset="digits", noise_multiplier=1.0, epochs=1,
+                                 expected_batch_size=64, device="cpu")
+    computed_now = build_report(fresh, other_id, include_audit=True, figures=False)["audit"]
+    assert "computed" not in computed_now and 0.0 <= computed_now["mia"]["auc"] <= 1.0
