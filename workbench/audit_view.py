@@ -261,6 +261,9 @@ def audit_arguments(db_path: Path, run_id: int) -> list[str]:
     return ["-m", "engine.audit_job", str(run_id), "--db", str(db_path), "--background"]
 
 
+MIN_PLOT_WIDTH = 420  # px: the trade-off curves stay legible
+
+
 class AuditView(QWidget):
     """One run's audit. `stored(run_id)`: an audit was kept in the run's summary (refresh the list)."""
 
@@ -332,7 +335,7 @@ class AuditView(QWidget):
         bar.addWidget(self.status, 1)
         bar.addWidget(self.log_fpr)
         layout.addLayout(bar)
-        splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter = splitter = QSplitter(Qt.Orientation.Horizontal)
         self.plot = Plot("Membership tests: the bound and the attack", "false-positive rate (FPR)",
                          "true-positive rate (TPR)", y_bounds=(0.0, 1.0))
         splitter.addWidget(self.plot)
@@ -349,6 +352,7 @@ class AuditView(QWidget):
         self.table.setHorizontalHeaderLabels(["", "Theory (bound)", "Attack", "Interval"])
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().hide()
+        self.table.setWordWrap(False)  # one line per row: the table's height is fixed from its rows
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.horizontalHeader().setStretchLastSection(True)
         side_layout.addWidget(self.table)
@@ -363,7 +367,7 @@ class AuditView(QWidget):
         splitter.addWidget(side)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(1, 2)
-        splitter.setSizes([900, 520])
+        splitter.setSizes([820, 600])
         layout.addWidget(splitter, 1)
 
     # ---- showing a run ---------------------------------------------------------------------------
@@ -440,14 +444,32 @@ class AuditView(QWidget):
 
     def _fill_table(self, figure: AuditFigure) -> None:
         self.table.setRowCount(len(figure.table))
-        rows = sum(self.table.rowHeight(i) for i in range(len(figure.table)))
-        self.table.setFixedHeight(self.table.horizontalHeader().height() + rows + 2 * self.table.frameWidth() + 2)
         for i, cells in enumerate(figure.table):
             for j, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if j == 2 and figure.banner is not None and text:
                     item.setForeground(QColor(BANNER_COLOUR))
                 self.table.setItem(i, j, item)
+        self.table.resizeRowsToContents()
+        rows = sum(self.table.rowHeight(i) for i in range(len(figure.table)))
+        # room for the horizontal scroll bar too, so a narrow window scrolls sideways but never hides a row
+        scroll = self.table.horizontalScrollBar().sizeHint().height()
+        self.table.setFixedHeight(self.table.horizontalHeader().height() + rows + 2 * self.table.frameWidth()
+                                  + scroll + 2)
+        self._widen_side_for_table()
+
+    def _widen_side_for_table(self) -> None:
+        """Give the side panel the width its table needs, taking it from the plot while the plot
+        keeps at least MIN_PLOT_WIDTH: every column readable without scrolling in a usual window."""
+        plot_width, side_width = self.splitter.sizes()
+        header = self.table.horizontalHeader()
+        needed = sum(header.sectionSizeHint(j) for j in range(self.table.columnCount()))
+        needed = max(needed, header.length()) + 2 * self.table.frameWidth() + 4
+        if side_width >= needed or plot_width + side_width == 0:
+            return
+        give = min(needed - side_width, max(0, plot_width - MIN_PLOT_WIDTH))
+        if give > 0:
+            self.splitter.setSizes([plot_width - give, side_width + give])
 
     # ---- the audit process -----------------------------------------------------------------------
     def run_audit(self) -> None:
