@@ -216,13 +216,19 @@ def test_seeded_dp_runs_with_input_canaries_never_beat_their_epsilon(seed):
     assert canaries["epsilon_lower_bound"] <= epsilon, (canaries, epsilon)
 
 
-def test_gradient_canaries_at_epsilon_8_reach_a_third_of_the_guarantee():
+def test_gradient_canaries_at_epsilon_8_reach_a_third_of_the_guarantee_on_average():
     """2,000 gradient canaries, expected batch 128, 50 epochs: seeds 0-5 gave 2.56-3.37, mean 3.03 (see the
-    module docstring). tests/bench/bench_audit.py measures MNIST."""
-    canaries, epsilon = _train(target_epsilon=8.0, delta=1e-5, epochs=50, learning_rate=1.0, audit_canaries=2000,
-                               audit_canary_kind="gradient", reproducible_noise=True, seed=0,
-                               expected_batch_size=128)
-    assert epsilon / 3 <= canaries["epsilon_lower_bound"] <= epsilon, (canaries, epsilon)
+    module docstring). One run's bound moves in steps of about 0.15-0.3 with each guess, so the claim is
+    on the mean of three runs: a float difference that flips one guess on another CPU does not decide it.
+    tests/bench/bench_audit.py measures MNIST."""
+    bounds = []
+    for seed in (0, 1, 2):
+        canaries, epsilon = _train(target_epsilon=8.0, delta=1e-5, epochs=50, learning_rate=1.0,
+                                   audit_canaries=2000, audit_canary_kind="gradient", reproducible_noise=True,
+                                   seed=seed, expected_batch_size=128)
+        assert canaries["epsilon_lower_bound"] <= epsilon, (canaries, epsilon)
+        bounds.append(canaries["epsilon_lower_bound"])
+    assert sum(bounds) / len(bounds) >= epsilon / 3, (bounds, epsilon)
 
 
 def test_canaries_do_not_change_a_run_without_them():
