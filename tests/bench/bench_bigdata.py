@@ -10,10 +10,15 @@ the end. The labels are random: the accuracy means nothing, the memory does.
 
 Refuses any size that would leave less than 30 GB free on the disk of `--dir` (others share it).
 
+With `--memory-limit-gb L` (Linux, root: a memory cgroup, v1 or v2) the training process may use at
+most L GB, page cache included, and the data defaults to 2 x L: a machine whose disk cannot hold twice
+its free memory still shows training on data twice the memory it has. A loader that read the file
+whole would be killed by the limit; the table states the cgroup's peak and how often it hit the limit.
+
 Example (on a machine with enough free disk; the default size is 2 x MemAvailable):
     python tests/bench/bench_bigdata.py
-On a machine whose disk cannot hold that:
-    python tests/bench/bench_bigdata.py --size-gb 16
+On a machine whose disk cannot hold that (as root):
+    python tests/bench/bench_bigdata.py --memory-limit-gb 6       # 12 GB of data, 6 GB of memory
 """
 
 from __future__ import annotations
@@ -120,12 +125,53 @@ def mapped_rss_bytes(folder: Path) -> dict[str, int]:
     return out
 
 
+class MemoryCgroup:
+    """A memory cgroup (v1 or v2) limiting what the training process may hold, page cache included."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        v1 = Path("/sys/fs/cgroup/memory")
+        self.v1 = v1.is_dir()
+        self.path = (v1 if self.v1 else Path("/sys/fs/cgroup")) / f"dpw-bench-{os.getpid()}"
+        try:
+            self.path.mkdir()
+            limit_file = "memory.limit_in_bytes" if self.v1 else "memory.max"
+            (self.path / limit_file).write_text(str(limit_bytes))
+        except OSError as error:
+            raise SystemExit(f"--memory-limit-gb needs a writable memory cgroup (root on Linux): {error}") from None
+        self.limit = int((self.path / limit_file).read_text().strip())
+
+    def enter(self) -> None:
+        """Called in the child before exec: it and everything it starts are limited."""
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def peak_bytes(self) -> int | None:
+        name = "memory.max_usage_in_bytes" if self.v1 else "memory.peak"
+        try:
+            return int((self.path / name).read_text().strip())
+        except OSError:
+            return None
+
+    def limit_hits(self) -> str:
+        if self.v1:
+            return (self.path / "memory.failcnt").read_text().strip() + " (failcnt: reclaims forced by the limit)"
+        events = dict(line.split() for line in (self.path / "memory.events").read_text().splitlines())
+        return f"{events.get('max', '?')} (memory.events max), OOM kills {events.get('oom_kill', '?')}"
+
+    def remove(self) -> None:
+        try:
+            self.path.rmdir()
+        except OSError:
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-gb", type=float, default=None, help="data size in GB (default: 2 x MemAvailable)")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the data folder is written")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch", type=int, default=256, help="expected batch size")
+    parser.add_argument("--memory-limit-gb", type=float, default=None,
+                        help="train in a memory cgroup of this size (root); the data defaults to twice it")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -133,12 +179,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     available = mem_available_bytes()
-    size = int(args.size_gb * GB) if args.size_gb is not None else 2 * available
+    cgroup = MemoryCgroup(int(args.memory_limit_gb * GB)) if args.memory_limit_gb is not None else None
+    memory = cgroup.limit if cgroup is not None else available
+    size = int(args.size_gb * GB) if args.size_gb is not None else 2 * memory
     free = shutil.disk_usage(args.dir).free
     if free - size < KEEP_FREE_GB * GB:
         print(f"refusing: {size / GB:.1f} GB in {args.dir} would leave {(free - size) / GB:.1f} GB free of "
-              f"{free / GB:.1f} GB (at least {KEEP_FREE_GB:g} GB must stay free); use a smaller --size-gb or "
-              f"another --dir", file=sys.stderr)
+              f"{free / GB:.1f} GB (at least {KEEP_FREE_GB:g} GB must stay free); use a smaller --size-gb, "
+              f"--memory-limit-gb or another --dir", file=sys.stderr)
+        if cgroup is not None:
+            cgroup.remove()
         return 2
     folder = Path(tempfile.mkdtemp(prefix="dpw-bigdata-", dir=args.dir))
     try:
@@ -147,10 +197,18 @@ def main(argv: list[str] | None = None) -> int:
         written = sum(p.stat().st_size for p in folder.iterdir())
         print(f"wrote {written / GB:.2f} GB ({n:,} images 1x28x28 uint8) in {time.monotonic() - t0:.0f} s to {folder}; "
               f"MemAvailable {available / GB:.2f} GB", flush=True)
+        if cgroup is not None:  # start cold: the pages written above are not in memory for the child
+            os.sync()
+            with open(folder / "x.npy", "rb") as f:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         proc = subprocess.run([sys.executable, __file__, "--child", str(folder), "--steps", str(args.steps),
-                               "--batch", str(args.batch)], capture_output=True, text=True, cwd=REPO)
+                               "--batch", str(args.batch)], capture_output=True, text=True, cwd=REPO,
+                              preexec_fn=cgroup.enter if cgroup is not None else None)
         if proc.returncode != 0:
+            print(f"training process ended with {proc.returncode}", file=sys.stderr)
             print(proc.stderr[-3000:], file=sys.stderr)
+            if cgroup is not None:
+                print(f"cgroup limit {cgroup.limit / GB:.2f} GB, hits {cgroup.limit_hits()}", file=sys.stderr)
             return 1
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         from tabulate import tabulate
@@ -158,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         print(tabulate([
             ("data (x.npy)", f"{(folder / 'x.npy').stat().st_size / GB:.2f} GB"),
             ("MemAvailable before", f"{available / GB:.2f} GB"),
+            *([("memory limit of the training process (cgroup)", f"{cgroup.limit / GB:.2f} GB"),
+               ("data size / memory limit", f"{(folder / 'x.npy').stat().st_size / cgroup.limit:.2f}"),
+               ("cgroup peak (RSS + page cache)", f"{(cgroup.peak_bytes() or 0) / GB:.3f} GB"),
+               ("times the limit was hit", cgroup.limit_hits())] if cgroup is not None else []),
             ("training examples", f"{r['num_train']:,} ({r['x_train']})"),
             ("DP-SGD steps (Poisson, expected batch)", f"{r['steps']} ({args.batch}), {r['samples']:,} examples read"),
             ("load s (incl. sha256 of the files)", f"{r['load_s']:.1f}"),
@@ -172,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         print(f"deleted {folder}", flush=True)
+        if cgroup is not None:
+            cgroup.remove()
 
 
 if __name__ == "__main__":
