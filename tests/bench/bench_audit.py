@@ -13,10 +13,13 @@ has its own secret noise, so an accuracy change within run-to-run spread is no c
         [--input-canaries 1000] [--gradient-canaries 5000]
 
 Measured 2026-11-24 with the defaults (MNIST subset of 10,000, 2 epochs, expected batch 256, 79 steps,
-2 CPU threads on a shared, heavily loaded machine: about 21 minutes in all, wall times noisy):
-input canaries gave a bound of 0 at every epsilon and non-privately too (1,000 random-label noise
-images seen about twice each are not memorised in 2 epochs; digits over 30 epochs are, see
-tests/engine/test_audit_canaries.py); gradient canaries gave 0.24 / 0.52 / 0.88 at epsilon 1 / 3 / 8.
+2 CPU threads, a quiet machine at load 0.4-2: about 5 minutes in all): input canaries gave a bound of
+0 at every epsilon and 0.03 non-privately (1,000 random-label noise images seen about twice each are not
+memorised in 2 epochs; digits over 30 epochs are, see tests/engine/test_audit_canaries.py); 5,000
+gradient canaries gave 0.27 / 0.97 / 1.80 at epsilon 1 / 3 / 8 (a second run, sharing the machine with
+another benchmark: 0.14 / 0.78 / 2.31), costing 18-33 s each, most of it orthonormalising the 5,000
+directions over the CNN's 26,010 parameters. 79 steps is few for a one-run audit: on digits, 561 steps
+at epsilon 8 reach 3.0 on average (resources/examples/audit-digits.toml).
 """
 
 from __future__ import annotations
