@@ -149,6 +149,23 @@ def _without_source_paths(program: "torch.export.ExportedProgram") -> "torch.exp
     return program
 
 
+def _sort_safetensors_metadata(path: Path) -> None:
+    """safetensors writes its metadata map in a random order; sort it in place (the header keeps its
+    length), so two exports of one run are the same bytes and a re-export matches the card's hash."""
+    data = bytearray(path.read_bytes())
+    length = int.from_bytes(data[:8], "little")
+    header = bytes(data[8:8 + length])
+    metadata = json.loads(header).get("__metadata__") or {}
+    compact = {"separators": (",", ":"), "ensure_ascii": False}
+    written = json.dumps(metadata, **compact).encode()  # json.loads keeps the file's order
+    at = header.find(b'"__metadata__":' + written)
+    stable = json.dumps(dict(sorted(metadata.items())), **compact).encode()
+    if at != -1 and written != stable:
+        start = 8 + at + len(b'"__metadata__":')
+        data[start:start + len(written)] = stable
+        path.write_bytes(bytes(data))
+
+
 def export_run(store: Store, run_ref: str | int, out_dir: str | Path, *, kind: str = "model",
                force: bool = False) -> dict[str, str]:
     """Write model.safetensors, model.pt2, model.onnx and model_card.json; returns {file: sha256}.
@@ -163,11 +180,14 @@ def export_run(store: Store, run_ref: str | int, out_dir: str | Path, *, kind: s
                        hint="choose another --out folder, or add --force to replace them")
     out.mkdir(parents=True, exist_ok=True)
     wrapped = trained.raw_input_model()
-    example = torch.rand(2, *trained.meta["input_shape"])
+    # A fixed public example (it is saved in model.pt2 as the program's sample input): exports of one run
+    # are then byte for byte the same, so a re-export can be checked against a model card's hashes.
+    example = torch.rand(2, *trained.meta["input_shape"], generator=torch.Generator().manual_seed(0))
     files: dict[str, str] = {}
 
     save_file({k: v.contiguous() for k, v in trained.model.state_dict().items()}, str(out / "model.safetensors"),
               metadata={"model": trained.meta["model"], "run_id": str(trained.run["id"])})
+    _sort_safetensors_metadata(out / "model.safetensors")
     files["model.safetensors"] = sha256_of(out / "model.safetensors")
 
     batch = torch.export.Dim("batch", min=1)

@@ -1,4 +1,5 @@
-"""What leaves with an exported model names no file on the machine that trained it."""
+"""What leaves with an exported model: it names no file on the machine that trained it, and exporting
+a run again gives the same bytes (a re-export can be checked against the model card's hashes)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,31 @@ def train_in_store(store: Store, **values) -> int:
     summary = prepared.finish(result, store=store, out_dir=artifacts_dir(store, run_id), emit=emit)
     store.update_run(run_id, status="finished", summary=summary, **prepared.run_fields(result))
     return run_id
+
+
+def test_two_exports_of_one_run_are_the_same_bytes(tmp_path):
+    """The program's sample input is a fixed public example and safetensors' metadata is sorted: both
+    were different at each export before (torch.rand; a map written in random order)."""
+    import json
+
+    import torch
+    from safetensors import safe_open
+
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = train_in_store(store, name="digits-dp", dataset="digits", noise_multiplier=1.0,
+                            expected_batch_size=64, epochs=1, learning_rate=0.5)
+    hashes = [export_run(store, run_id, tmp_path / f"export-{i}") for i in range(4)]
+    assert all(h == hashes[0] for h in hashes)
+    for name in ("model.safetensors", "model.pt2", "model.onnx", "model_card.json"):
+        assert len({(tmp_path / f"export-{i}" / name).read_bytes() for i in range(4)}) == 1, name
+    card = json.loads((tmp_path / "export-0" / "model_card.json").read_text())
+    assert card["files"]["model.safetensors"] == hashes[0]["model.safetensors"]
+    with safe_open(str(tmp_path / "export-0" / "model.safetensors"), framework="pt") as f:
+        assert f.metadata() == {"model": "digits_cnn", "run_id": str(run_id)}
+        weights = {key: f.get_tensor(key) for key in f.keys()}
+    program = torch.export.load(str(tmp_path / "export-0" / "model.pt2")).module()
+    x = torch.rand(3, 8, 8, generator=torch.Generator().manual_seed(1)) * 16  # raw digits pixels, 0-16
+    assert program(x.unsqueeze(1)).shape == (3, 10) and len(weights) > 0
 
 
 def test_exported_files_hold_no_path_of_this_machine(tmp_path):
