@@ -469,6 +469,47 @@ def list_deleted(store, *, as_json: bool) -> None:
 
 
 @cli.command()
+@db_option
+@click.option("--dataset", "dataset_name", default=None, help="Only this dataset (as `dpw list` names it).")
+@click.option("--delta", type=float, default=None,
+              help="Delta at which the DP-SGD runs are composed (default: the largest delta among them).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object per dataset.")
+def ledger(db: Path | None, dataset_name: str | None, delta: float | None, as_json: bool) -> None:
+    """The privacy spent on each dataset by all its runs, deleted ones included, composed: DP-SGD runs
+    exactly (PLD), the others by adding their (epsilon, delta); a non-private run leaves no bound.
+
+    Example: dpw ledger --dataset digits
+    """
+    from engine.ledger import dataset_ledgers
+
+    if delta is not None:
+        _check_number("delta", delta, 0.0, 1.0, open_high=True)
+    store = open_store(db)
+    ledgers = dataset_ledgers(store.list_runs(), store.deleted_runs(), delta=delta)
+    if dataset_name is not None:
+        ledgers = [entry for entry in ledgers if entry.dataset == dataset_name]
+        if not ledgers:
+            raise fail(DPWError(f"no runs on dataset {dataset_name!r} in {store.path}",
+                                hint="`dpw ledger` without --dataset lists every dataset"))
+    if as_json:
+        click.echo(json.dumps([entry.to_json() for entry in ledgers], indent=1))
+        return
+    if not ledgers:
+        click.echo(f"no runs yet in {store.path}")
+        return
+    from tabulate import tabulate
+
+    for i, entry in enumerate(ledgers):
+        click.echo(("\n" if i else "") + f"{entry.dataset}: {entry.statement()}")
+        if entry.composed_epsilon is not None:
+            click.echo(f"  DP-SGD runs composed (PLD): ε = {entry.composed_epsilon:.4g} at δ = {entry.composed_delta:.3g}")
+        rows = [{"id": e.run_id, "name": e.name, "mechanism": e.mechanism,
+                 "status": "deleted" if e.deleted else e.status, "epsilon": e.epsilon, "delta": e.delta,
+                 "counted": e.counted + (f": {e.why}" if e.why else "")} for e in entry.entries]
+        click.echo(tabulate(rows, headers="keys", floatfmt=".4g", missingval="-"))
+
+
+@cli.command()
 @click.argument("run_ref")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

@@ -1,0 +1,160 @@
+"""The privacy spent on each dataset: every run that touched it, deleted ones included, composed.
+
+Each run states its own guarantee, but a reviewer must also know what all of them together cost the
+people in the data: ten runs at epsilon 1 on one dataset are not epsilon 1. `dataset_ledgers` groups
+the store's runs (and the records of deleted runs) by dataset and bounds their total:
+
+- DP-SGD runs whose sample rate, noise multiplier and steps are in the store are composed exactly
+  as one privacy event (the PLD of every run's subsampled Gaussian steps on one grid,
+  `engine.privacy.pld.pld_epsilon_composed`), at the dataset's delta;
+- every other run (PATE, deleted runs, rows without those numbers) adds its own (epsilon, delta):
+  basic composition, always valid;
+- a non-private run, or one whose noise is reproducible from its published seed, makes the total
+  unbounded: nothing bounds what it revealed.
+
+Runs of a study are counted one by one, as if each were released (an upper bound on the study's
+own epsilon). A queued run, or one that failed before its first step, spent nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.privacy.pld import SubsampledGaussian, pld_epsilon_composed
+from engine.publication import carries_guarantee, run_epsilon
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One run's spend on the data: how it enters the total (`composed` by PLD, `added`, `unbounded`
+    or `none`) and why."""
+
+    run_id: int
+    name: str | None
+    mechanism: str | None
+    status: str | None
+    deleted: bool
+    epsilon: float | None
+    delta: float | None
+    accountant: str | None
+    counted: str  # "composed", "added", "unbounded", "none"
+    why: str = ""
+    dpsgd: SubsampledGaussian | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.run_id, "name": self.name, "mechanism": self.mechanism, "status": self.status,
+                "deleted": self.deleted, "epsilon": self.epsilon, "delta": self.delta,
+                "accountant": self.accountant, "counted": self.counted, "why": self.why or None}
+
+
+@dataclass(frozen=True)
+class DatasetLedger:
+    """Everything spent on one dataset and its bound: (epsilon, delta), or epsilon = inf with the
+    runs that make it unbounded. `composed_epsilon` is the PLD part (None without such runs)."""
+
+    dataset: str
+    entries: list[LedgerEntry]
+    epsilon: float
+    delta: float
+    composed_epsilon: float | None = None
+    composed_delta: float | None = None
+    still_running: list[int] = field(default_factory=list)
+
+    @property
+    def unbounded(self) -> list[LedgerEntry]:
+        return [e for e in self.entries if e.counted == "unbounded"]
+
+    def statement(self) -> str:
+        """The total in one line, as `dpw ledger` and the window state it."""
+        spending = [e for e in self.entries if e.counted != "none"]
+        runs = f"{len(spending)} run{'s' if len(spending) != 1 else ''}"
+        deleted = sum(e.deleted for e in spending)
+        runs += f" ({deleted} deleted)" if deleted else ""
+        if self.unbounded:
+            ids = ", ".join(str(e.run_id) for e in self.unbounded)
+            return f"{runs}: no bound on the privacy spent (run{'s' if len(self.unbounded) > 1 else ''} {ids}: " \
+                   f"{self.unbounded[0].why})"
+        if not spending:
+            return "no privacy spent yet"
+        text = f"{runs}: together (ε = {self.epsilon:.4g}, δ = {self.delta:.3g})-DP"
+        if self.still_running:
+            text += f"; still growing: run {', '.join(map(str, self.still_running))} is running"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dataset": self.dataset, "epsilon": None if math.isinf(self.epsilon) else self.epsilon,
+                "delta": self.delta, "bounded": not self.unbounded, "statement": self.statement(),
+                "composed": None if self.composed_epsilon is None else
+                {"accountant": "pld", "epsilon": self.composed_epsilon, "delta": self.composed_delta},
+                "still_running": self.still_running, "runs": [e.to_json() for e in self.entries]}
+
+
+def live_entry(run: dict[str, Any]) -> LedgerEntry:
+    """How a run in the store counts: its own epsilon (never its study's), its DP-SGD parameters."""
+    common = dict(run_id=run["id"], name=run.get("name"), mechanism=run.get("mechanism"), status=run.get("status"),
+                  deleted=False)
+    if run.get("status") == "queued" or (not run.get("started") and not run.get("steps_done")):
+        return LedgerEntry(**common, epsilon=None, delta=None, accountant=None, counted="none",
+                           why="never started")
+    if run.get("mechanism") == "none":
+        return LedgerEntry(**common, epsilon=math.inf, delta=0.0, accountant=None, counted="unbounded",
+                           why="trained without privacy")
+    if not carries_guarantee(run):
+        return LedgerEntry(**common, epsilon=None, delta=None, accountant=None, counted="unbounded",
+                           why="its noise is reproducible from the published seed")
+    eps = run_epsilon(run)
+    q, sigma, steps = run.get("sample_rate"), run.get("noise_multiplier"), run.get("steps_done")
+    if run.get("mechanism") == "dpsgd" and q and sigma and steps:
+        return LedgerEntry(**common, epsilon=eps.value, delta=eps.delta, accountant=eps.accountant,
+                           counted="composed", dpsgd=SubsampledGaussian(float(q), float(sigma), int(steps)))
+    if eps.value is None:
+        return LedgerEntry(**common, epsilon=None, delta=None, accountant=None, counted="none",
+                           why="no step taken")
+    return LedgerEntry(**common, epsilon=eps.value, delta=eps.delta or 0.0, accountant=eps.accountant,
+                       counted="added")
+
+
+def deleted_entry(record: dict[str, Any]) -> LedgerEntry:
+    """How a deleted run counts: the (epsilon, delta) kept when it was deleted (its steps are gone)."""
+    common = dict(run_id=record["id"], name=record.get("name"), mechanism=record.get("mechanism"),
+                  status=record.get("status"), deleted=True)
+    if record.get("mechanism") == "none" and record.get("status") != "queued":
+        return LedgerEntry(**common, epsilon=math.inf, delta=0.0, accountant=None, counted="unbounded",
+                           why="trained without privacy (deleted)")
+    if record.get("epsilon") is None:
+        return LedgerEntry(**common, epsilon=None, delta=None, accountant=None, counted="none",
+                           why="nothing accounted")
+    return LedgerEntry(**common, epsilon=float(record["epsilon"]), delta=float(record.get("delta") or 0.0),
+                       accountant=record.get("accountant"), counted="added")
+
+
+def dataset_ledgers(runs: list[dict[str, Any]], deleted: list[dict[str, Any]], *,
+                    delta: float | None = None) -> list[DatasetLedger]:
+    """One ledger per dataset (as the runs name it), largest spend first. `delta`: the delta at which
+    the DP-SGD runs are composed; by default the largest delta any of them was accounted at."""
+    by_dataset: dict[str, list[LedgerEntry]] = {}
+    for run in runs:
+        by_dataset.setdefault(str(run.get("dataset")), []).append(live_entry(run))
+    for record in deleted:
+        by_dataset.setdefault(str(record.get("dataset")), []).append(deleted_entry(record))
+    ledgers = [_total(name, sorted(entries, key=lambda e: e.run_id), delta) for name, entries in by_dataset.items()]
+    return sorted(ledgers, key=lambda ledger: (-ledger.epsilon, ledger.dataset))
+
+
+def _total(dataset: str, entries: list[LedgerEntry], delta: float | None) -> DatasetLedger:
+    running = [e.run_id for e in entries if e.status == "running" and not e.deleted]
+    if any(e.counted == "unbounded" for e in entries):
+        return DatasetLedger(dataset, entries, math.inf, 0.0, still_running=running)
+    composed = [e for e in entries if e.counted == "composed"]
+    added = [e for e in entries if e.counted == "added"]
+    epsilon = sum(e.epsilon for e in added)
+    total_delta = sum(e.delta for e in added)
+    composed_epsilon = composed_delta = None
+    if composed:
+        composed_delta = delta if delta is not None else max(e.delta or 0.0 for e in composed)
+        composed_epsilon = pld_epsilon_composed(mechanisms=[e.dpsgd for e in composed], delta=composed_delta).value
+        epsilon += composed_epsilon
+        total_delta += composed_delta
+    return DatasetLedger(dataset, entries, epsilon, total_delta, composed_epsilon, composed_delta, running)

@@ -1,0 +1,106 @@
+"""engine.ledger and `dpw ledger`: the privacy spent on each dataset by all its runs, deleted ones
+included: DP-SGD runs composed exactly, the others added, and no bound once a non-private or seeded
+run touched the data."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from engine.cli import cli
+from engine.ledger import dataset_ledgers
+from engine.privacy.pld import pld_epsilon
+from engine.store import Store
+
+
+def dpsgd(run_id, *, dataset="digits", q=0.05, sigma=1.0, steps=100, epsilon=1.0, delta=1e-5, status="finished",
+          **extra):
+    return {"id": run_id, "name": f"r{run_id}", "mechanism": "dpsgd", "dataset": dataset, "status": status,
+            "started": "2026-11-24T10:00:00+00:00", "sample_rate": q, "noise_multiplier": sigma, "steps_done": steps,
+            "epsilon": epsilon, "delta": delta, "accountant": "pld", "config": {"seed": 0, "reproducible_noise": False}, "summary": {}, **extra}
+
+
+def test_two_dpsgd_runs_compose_like_one_run_of_their_steps():
+    """Two runs of the same (q, sigma) on one dataset are one subsampled Gaussian of T1 + T2 steps:
+    checked against the single-run accountant, and far below adding the two epsilons."""
+    one = pld_epsilon(sample_rate=0.05, noise_multiplier=1.0, steps=100, delta=1e-5).value
+    (ledger,) = dataset_ledgers([dpsgd(1, epsilon=one), dpsgd(2, epsilon=one)], [])
+    both = pld_epsilon(sample_rate=0.05, noise_multiplier=1.0, steps=200, delta=1e-5).value
+    assert ledger.composed_epsilon == pytest.approx(both, rel=1e-6)
+    assert ledger.epsilon == pytest.approx(both, rel=1e-6) and ledger.delta == pytest.approx(1e-5)
+    assert one < ledger.epsilon < 2 * one
+    assert "2 runs: together (ε = " in ledger.statement()
+
+
+def test_other_runs_and_deleted_ones_add_their_epsilon_and_delta():
+    pate = {"id": 3, "name": "p", "mechanism": "pate", "dataset": "digits", "status": "finished",
+            "started": "2026-11-24T10:00:00+00:00", "epsilon": 2.0, "delta": 1e-5, "accountant": "pate-di",
+            "config": {"seed": 0, "reproducible_noise": False}, "summary": {"epsilon_data_independent": 2.0, "delta": 1e-5}}
+    deleted = {"id": 4, "name": "gone", "mechanism": "dpsgd", "dataset": "digits", "status": "finished",
+               "epsilon": 0.5, "delta": 1e-6, "accountant": "rdp"}
+    composed = pld_epsilon(sample_rate=0.05, noise_multiplier=1.0, steps=100, delta=1e-5).value
+    (ledger,) = dataset_ledgers([dpsgd(1, epsilon=composed), pate], [deleted])
+    assert ledger.epsilon == pytest.approx(composed + 2.0 + 0.5)
+    assert ledger.delta == pytest.approx(1e-5 + 1e-5 + 1e-6)
+    assert [e.counted for e in ledger.entries] == ["composed", "added", "added"]
+    assert ledger.entries[-1].deleted and "(1 deleted)" in ledger.statement()
+
+
+@pytest.mark.parametrize("culprit, why", [
+    ({"mechanism": "none", "epsilon": None, "accountant": None}, "trained without privacy"),
+    ({"config": {"seed": 3, "reproducible_noise": True}}, "reproducible from the published seed"),
+])
+def test_a_non_private_or_seeded_run_leaves_the_data_without_a_bound(culprit, why):
+    (ledger,) = dataset_ledgers([dpsgd(1), {**dpsgd(2), **culprit}], [])
+    assert math.isinf(ledger.epsilon) and [e.run_id for e in ledger.unbounded] == [2]
+    assert "no bound on the privacy spent" in ledger.statement() and why in ledger.statement()
+    assert ledger.to_json()["epsilon"] is None and ledger.to_json()["bounded"] is False
+
+
+def test_a_deleted_non_private_run_still_counts():
+    deleted = {"id": 9, "name": "baseline", "mechanism": "none", "dataset": "digits", "status": "finished",
+               "epsilon": None, "delta": None}
+    (ledger,) = dataset_ledgers([dpsgd(1)], [deleted])
+    assert math.isinf(ledger.epsilon) and "deleted" in ledger.unbounded[0].why
+
+
+def test_queued_and_not_started_runs_spend_nothing_and_datasets_stay_apart():
+    queued = {**dpsgd(2), "status": "queued", "started": None, "steps_done": None, "epsilon": None}
+    ledgers = {entry.dataset: entry for entry in dataset_ledgers([dpsgd(1), queued, dpsgd(3, dataset="mnist")], [])}
+    assert set(ledgers) == {"digits", "mnist"}
+    assert [e.counted for e in ledgers["digits"].entries] == ["composed", "none"]
+    assert ledgers["digits"].epsilon == pytest.approx(ledgers["mnist"].epsilon)  # one run of the same settings each
+
+
+def test_a_running_run_is_counted_and_said_to_grow():
+    (ledger,) = dataset_ledgers([dpsgd(1, status="running", steps=40)], [])
+    assert ledger.still_running == [1] and "still growing: run 1 is running" in ledger.statement()
+
+
+def test_dpw_ledger_on_a_real_store_with_a_deleted_run(tmp_path):
+    """Real runs trained into a real store, one deleted: the deleted run's spend is still in the total."""
+    from test_export_paths import train_in_store
+
+    store = Store(tmp_path / "runs.sqlite")
+    settings = dict(dataset="digits", noise_multiplier=1.0, expected_batch_size=64, epochs=1, learning_rate=0.5)
+    first = train_in_store(store, name="first", **settings)
+    second = train_in_store(store, name="second", **settings)
+    spent = {run["id"]: run["epsilon"] for run in store.list_runs()}
+    alone = CliRunner().invoke(cli, ["ledger", "--db", str(store.path), "--json"])
+    assert alone.exit_code == 0, alone.output
+    (before,) = json.loads(alone.output)
+    assert before["composed"]["epsilon"] < spent[first] + spent[second]
+    assert CliRunner().invoke(cli, ["delete", str(second), "--db", str(store.path), "--yes"]).exit_code == 0
+
+    out = CliRunner().invoke(cli, ["ledger", "--db", str(store.path), "--json"])
+    (after,) = json.loads(out.output)
+    assert after["epsilon"] == pytest.approx(spent[first] + spent[second], rel=1e-9)  # one composed, one added
+    assert [(r["id"], r["deleted"], r["counted"]) for r in after["runs"]] == [(first, False, "composed"),
+                                                                             (second, True, "added")]
+    text = CliRunner().invoke(cli, ["ledger", "--db", str(store.path)])
+    assert text.exit_code == 0 and text.output.startswith("digits: 2 runs (1 deleted): together (ε = ")
+    missing = CliRunner().invoke(cli, ["ledger", "--db", str(store.path), "--dataset", "mnist"])
+    assert missing.exit_code != 0 and "no runs on dataset 'mnist'" in missing.output
