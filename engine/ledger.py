@@ -45,7 +45,8 @@ class LedgerEntry:
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.run_id, "name": self.name, "mechanism": self.mechanism, "status": self.status,
-                "deleted": self.deleted, "epsilon": self.epsilon, "delta": self.delta,
+                "deleted": self.deleted, "epsilon": None if self.epsilon == math.inf else self.epsilon,
+                "delta": self.delta,
                 "accountant": self.accountant, "counted": self.counted, "why": self.why or None}
 
 
@@ -84,8 +85,9 @@ class DatasetLedger:
         return text
 
     def to_json(self) -> dict[str, Any]:
-        return {"dataset": self.dataset, "epsilon": None if math.isinf(self.epsilon) else self.epsilon,
-                "delta": self.delta, "bounded": not self.unbounded, "statement": self.statement(),
+        bounded = not self.unbounded
+        return {"dataset": self.dataset, "epsilon": self.epsilon if bounded else None,
+                "delta": self.delta if bounded else None, "bounded": bounded, "statement": self.statement(),
                 "composed": None if self.composed_epsilon is None else
                 {"accountant": "pld", "epsilon": self.composed_epsilon, "delta": self.composed_delta},
                 "still_running": self.still_running, "runs": [e.to_json() for e in self.entries]}
@@ -99,7 +101,7 @@ def live_entry(run: dict[str, Any]) -> LedgerEntry:
         return LedgerEntry(**common, epsilon=None, delta=None, accountant=None, counted="none",
                            why="never started")
     if run.get("mechanism") == "none":
-        return LedgerEntry(**common, epsilon=math.inf, delta=0.0, accountant=None, counted="unbounded",
+        return LedgerEntry(**common, epsilon=math.inf, delta=None, accountant=None, counted="unbounded",
                            why="trained without privacy")
     if not carries_guarantee(run):
         return LedgerEntry(**common, epsilon=None, delta=None, accountant=None, counted="unbounded",
@@ -121,7 +123,7 @@ def deleted_entry(record: dict[str, Any]) -> LedgerEntry:
     common = dict(run_id=record["id"], name=record.get("name"), mechanism=record.get("mechanism"),
                   status=record.get("status"), deleted=True)
     if record.get("mechanism") == "none" and record.get("status") != "queued":
-        return LedgerEntry(**common, epsilon=math.inf, delta=0.0, accountant=None, counted="unbounded",
+        return LedgerEntry(**common, epsilon=math.inf, delta=None, accountant=None, counted="unbounded",
                            why="trained without privacy (deleted)")
     if record.get("epsilon") is None:
         return LedgerEntry(**common, epsilon=None, delta=None, accountant=None, counted="none",

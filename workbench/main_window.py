@@ -188,6 +188,8 @@ class MainWindow(QMainWindow):
         self.act_votes = self._action("PATE &votes", lambda: self.tabs.setCurrentWidget(self.votes), "Ctrl+3")
         self.act_audit = self._action("&Audit", lambda: self.tabs.setCurrentWidget(self.audit), "Ctrl+4",
                                       "What the selected run's guarantee means for an attacker, and its audit")
+        self.act_ledger = self._action("Privacy &ledger…", self.show_ledger, "Ctrl+L",
+                                       "The privacy spent on each dataset by all its runs, deleted ones included")
         self.form.validity_changed.connect(self.act_start.setEnabled)
         self.act_start.setEnabled(self.form.valid)
 
@@ -207,7 +209,7 @@ class MainWindow(QMainWindow):
         self.addToolBar(self.toolbar)
         view_menu = bar.addMenu("&View")
         for action in (self.act_setup, self.act_dash, self.act_votes, self.act_audit, self.act_compare, None,
-                       self.act_refresh):
+                       self.act_ledger, None, self.act_refresh):
             view_menu.addSeparator() if action is None else view_menu.addAction(action)
 
     def _build_status_bar(self) -> None:
@@ -435,6 +437,18 @@ class MainWindow(QMainWindow):
         self.act_report.setEnabled(finished)
         self.act_reuse.setEnabled(chosen)
         self.act_delete.setEnabled(run_id is not None and run_id not in self.client.jobs and not elsewhere)
+
+    def show_ledger(self) -> None:
+        """View ▸ Privacy ledger: every dataset's total spend (workbench.ledger_dialog)."""
+        from workbench.ledger_dialog import LedgerDialog
+
+        try:
+            runs = self.store.list_runs()
+        except Exception as exc:  # a locked or damaged file is reported, the window keeps going
+            self.statusBar().showMessage(f"Cannot read the runs: {describe_error(exc)}", 10000)
+            return
+        self.ledger_dialog = LedgerDialog(runs, self._deleted_runs(), self)
+        self.ledger_dialog.show()
 
     def _deleted_runs(self) -> list[dict[str, Any]]:
         """What the store keeps of deleted runs, for the runs panel's "Show deleted" view."""
