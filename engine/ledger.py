@@ -13,7 +13,9 @@ the store's runs (and the records of deleted runs) by dataset and bounds their t
   unbounded: nothing bounds what it revealed.
 
 Runs of a study are counted one by one, as if each were released (an upper bound on the study's
-own epsilon). A queued run, or one that failed before its first step, spent nothing.
+own epsilon). A queued run, or one that failed before its first step, spent nothing. Datasets are
+told apart by the name runs give them (a registry name or a file path): the same people's data
+under two names, or in two stores, is two ledgers here, and its owner must add them.
 """
 
 from __future__ import annotations
