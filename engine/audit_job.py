@@ -2,7 +2,8 @@
 
 `python -m engine.audit_job RUN --db DB [--data-dir DIR] [--background]` runs `engine.audit_run.audit_run` (the
 window starts it, so the window never waits on torch or the data) and stores the result in the run's
-summary under `membership_audit`, so it is computed once per run. Output: JSON lines,
+summary under `membership_audit`, so it is computed once per run. A finished run's runner does the
+same right after training (`audit_after_training`), so every finished run carries its audit. Output: JSON lines,
     {"type": "progress", "phase": "auditing"}
     {"type": "result", "audit": {...}}            the stored object (stored_audit)
     {"type": "error", "kind": ..., "message": ..., "hint": ...}  a one-line user error; kind "DataError":
@@ -63,6 +64,24 @@ def audit_and_store(store, run_ref: str | int, *, data_dir: str | None = None) -
     body.pop("canaries", None)  # the canary audit is the training run's own result, kept where it put it
     store.set_summary_key(result.run_id, MEMBERSHIP_AUDIT_KEY, body)
     return body
+
+
+def audit_after_training(store, run_id: int) -> dict[str, Any] | None:
+    """The membership audit every finished run gets from its own runner, at no training cost (unless
+    its config sets `membership_audit = false`): kept in its summary as `audit_and_store` keeps it.
+    The run is already finished when this starts, so nothing here can fail it: a run that cannot be
+    audited says why in one line on stderr, and the Audit tab or `dpw audit` can try again."""
+    from engine.config import RunConfig
+
+    run = store.get_run(run_id)
+    if run.get("status") != "finished" or not RunConfig.from_dict(run["config"]).membership_audit:
+        return None
+    try:
+        return audit_and_store(store, run_id)
+    except DPWError as exc:
+        print(f"note: run {run_id} was not audited: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""),
+              file=sys.stderr, flush=True)
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:

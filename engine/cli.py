@@ -383,12 +383,30 @@ def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = Fals
     if summary.get("distributed"):
         lines.append(f"  processes      {summary['distributed']['world_size']} (torch.distributed; the noise added "
                      f"once per step, by {summary['distributed']['noise_added_by']})")
+    membership = membership_line(summary, run_row["id"])
+    if membership:
+        lines.append(f"  membership     {membership}")
     if run_row.get("error"):
         lines.append(f"  error          {run_row['error']}")
         if run_row.get("error_hint"):
             lines.append(f"  hint           {run_row['error_hint']}")
     lines.append(f"  details        dpw show {run_row['id']}")
     click.echo("\n".join(lines))
+
+
+def membership_line(summary: dict[str, Any], run_id: int) -> str | None:
+    """The membership audit kept with a run, in one line (None before one was computed). It comes from
+    private data, so it is printed locally, never put in a report unasked."""
+    from engine.audit_job import MEMBERSHIP_AUDIT_KEY
+
+    mia = (summary.get(MEMBERSHIP_AUDIT_KEY) or {}).get("mia")
+    if not mia:
+        return None
+    theory = mia.get("theory") or {}
+    where = ("" if not theory else "ABOVE the guarantee's curve: a bug or a broken assumption; "
+             if theory.get("above_theory") else "under the guarantee's curve; ")
+    return (f"loss attack AUC {mia['auc']:.3f}, TPR {100 * mia['tpr_at_fpr']['0.01']:.2f}% at FPR 1% ({where}"
+            f"from private data, kept locally: dpw audit {run_id})")
 
 
 # ---- list / show -------------------------------------------------------------------------------

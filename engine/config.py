@@ -471,6 +471,13 @@ class RunConfig:
         "a fixed secret direction, sampled like an example (white box, much tighter).", kind=str,
         choices=AUDIT_CANARY_KINDS, group="audit",
     )
+    membership_audit: bool = _spec(
+        True, label="Membership audit after training", help="When the run finishes, attack its own model: "
+        "the loss of training examples against held-out ones (AUC, TPR at low FPR, ROC), checked against "
+        "what the guarantee allows. Computed from the private data, kept in the local store, shown in the "
+        "Audit tab and `dpw audit`; a report includes it only with --include-audit. Costs a few seconds, "
+        "no training.", kind=bool, group="audit",
+    )
 
     seed: int = _spec(
         0, label="Seed", help="Seeds initialisation, splits, shards, augmentation and training order, so "
@@ -817,7 +824,8 @@ def _pate_errors(values: dict[str, Any]) -> list[ConfigError]:
     return errors
 
 
-_NOT_IN_HASH = frozenset({"name", "data_dir", "teachers_backend", "ray_address"})
-"""Settings that name the run or say where things are, not what it computes (RunConfig.config_hash)."""
+_NOT_IN_HASH = frozenset({"name", "data_dir", "teachers_backend", "ray_address", "membership_audit"})
+"""Settings that name the run, say where things are or what is checked after training, not what it
+computes (RunConfig.config_hash)."""
 
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(RunConfig))

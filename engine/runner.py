@@ -6,7 +6,9 @@ everything so far is kept. An exception marks it `failed` with its message, keep
 had done (the privacy spent is on the run row from the first step on: engine.store); a fully
 trained run whose model cannot be saved keeps its results and names the path it tried. When
 even the store cannot take the failure (full disk), the stream still carries it, and the next
-`dpw list` marks the run failed. Exit status: 0 finished or stopped, 1 failed.
+`dpw list` marks the run failed. A finished run is then audited by the same process: the loss
+attack on its model, kept in its summary (engine.audit_job.audit_after_training; the config's
+`membership_audit = false` turns it off). Exit status: 0 finished or stopped, 1 failed.
 
 Under torchrun (`dpw run CONFIG --nproc N`: engine.distributed_launch) rank 0 does all of the above
 and hands the config to the other ranks, which only train (`serve_rank`) and never open the store.
@@ -216,7 +218,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         if data_parallel is not None:
-            data_parallel.stop()
+            data_parallel.stop()  # the other ranks are done: they do not wait for the audit below
+    if status == "finished" and not stop():
+        from engine.audit_job import audit_after_training
+
+        audit_after_training(store, args.run_id)
     return 0 if status in ("finished", "stopped") else 1
 
 

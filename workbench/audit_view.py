@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Qt, QTimer, Signal
@@ -280,6 +280,9 @@ class AuditView(QWidget):
         self.jobs: dict[int, _AuditJob] = {}
         self.results: dict[int, dict[str, Any]] = {}  # audits finished while the list had not been re-read
         self.errors: dict[int, str] = {}
+        # Whether a run's own runner is still alive: after training it audits the run itself
+        # (engine.audit_job.audit_after_training), so the tab waits for it instead of starting another.
+        self.runner_alive: Callable[[int], bool] = lambda run_id: False
         self._build()
         self.clock = QTimer(self)
         self.clock.setInterval(500)
@@ -374,6 +377,7 @@ class AuditView(QWidget):
     def show_run(self, row: dict[str, Any] | None) -> None:
         """Show `row` (a listed run with config and summary), or nothing; the same row again draws nothing."""
         if row is not None and row == self.row and self.figure is not None:
+            self._show_status()  # the same run, but its runner may have ended
             return
         self.row = row
         if row is None:
@@ -541,13 +545,18 @@ class AuditView(QWidget):
     def _show_status(self) -> None:
         row = self.row
         job = self.jobs.get(row["id"]) if row is not None else None
-        self.progress.setVisible(job is not None)
         auditable = row is not None and row.get("status") in ("finished", "stopped")
-        self.run_button.setEnabled(auditable and job is None)
         has_audit = row is not None and (row["id"] in self.results or membership_result(row.get("summary")))
+        runner_auditing = (auditable and not has_audit and row.get("status") == "finished"
+                           and self.runner_alive(int(row["id"])))
+        self.progress.setVisible(job is not None or runner_auditing)
+        self.run_button.setEnabled(auditable and job is None and not runner_auditing)
         self.run_button.setText("Run audit again" if has_audit else "Run audit")
         if row is None:
             self.status.setText("")
+        elif runner_auditing:
+            self.status.setText(f"Run {row['id']}'s own process is auditing it after training: scoring training "
+                                "and held-out examples with the model…")
         elif job is not None:
             self.status.setText(f"Auditing run {row['id']} in the background ({time.monotonic() - job.started:.0f} s): "
                                 "scoring training and held-out examples with the model, then bootstrap intervals…")

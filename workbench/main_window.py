@@ -130,6 +130,7 @@ class MainWindow(QMainWindow):
         self.audit = AuditView(self.store.path, self.theory)
         self.audit.environment = self.client.environment  # the runners' variables (data folder)
         self.audit.stored.connect(self._on_audit_stored)
+        self.audit.runner_alive = lambda run_id: run_id in self.client.jobs
         self.compare = CompareView(theory=self.theory)
         from workbench.votes_view import VotesView
 

@@ -62,3 +62,38 @@ def test_a_report_states_the_membership_audit_kept_with_the_run(tmp_path):
                                  expected_batch_size=64, device="cpu")
     computed_now = build_report(fresh, other_id, include_audit=True, figures=False)["audit"]
     assert "computed" not in computed_now and 0.0 <= computed_now["mia"]["auc"] <= 1.0
+
+
+def test_every_finished_run_is_audited_by_its_own_runner_unless_its_config_says_not(tmp_path):
+    """`dpw run` ends with the loss attack on the run's model kept in its summary and stated in one line;
+    `membership_audit = false` leaves it out, and the setting does not change what the run computes."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    db = tmp_path / "runs.sqlite"
+    base = ('dataset = "digits"\nmodel = "mlp"\nepochs = 1\nexpected_batch_size = 64\nnoise_multiplier = 1.0\n'
+            'device = "cpu"\n')
+    outputs = {}
+    for name, extra in (("audited", ""), ("not-audited", "membership_audit = false\n")):
+        config = tmp_path / f"{name}.toml"
+        config.write_text(f'name = "{name}"\n' + base + extra)
+        ran = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(config), "--db", str(db)],
+                             capture_output=True, text=True, cwd=repo, timeout=600)
+        assert ran.returncode == 0, ran.stderr
+        outputs[name] = ran.stdout
+    store = Store(db)
+    audited, skipped = (store.get_run(run_id) for run_id in (1, 2))
+    kept = audited["summary"]["membership_audit"]
+    mia = kept["mia"]
+    assert 0.0 <= mia["auc"] <= 1.0 and mia["members"] == mia["nonmembers"] > 300
+    assert mia["theory"]["above_theory"] is False  # a DP run's attack lies under its guarantee's curve
+    assert kept["computed_from_private_data"] is True and kept["epsilon"] == pytest.approx(audited["epsilon"])
+    line = next(line for line in outputs["audited"].splitlines() if line.strip().startswith("membership"))
+    assert f"AUC {mia['auc']:.3f}" in line and f"dpw audit {audited['id']}" in line
+    assert "membership_audit" not in skipped["summary"]
+    assert "membership " not in outputs["not-audited"]
+    assert audited["config_hash"] == skipped["config_hash"]  # the same training, audited or not
+    assert json.dumps(kept)  # plain JSON, as the Audit tab reads it

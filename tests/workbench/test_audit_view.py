@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """A finished DP-SGD run (`dpw run`, a real process) on a user's CSV, with 40 input canaries;
-    (store path, run id, csv path)."""
+    """A finished DP-SGD run (`dpw run`, a real process) on a user's CSV, with 40 input canaries and
+    without the runner's own membership audit, so the tab's audit is tested; (store path, run id, csv path)."""
     folder = tmp_path_factory.mktemp("audit")
     rng = np.random.default_rng(0)
     x = rng.normal(size=(400, 4))
@@ -46,6 +46,7 @@ def tiny_run(tmp_path_factory):
         evaluations_per_epoch = 1
         seed = 0
         audit_canaries = 40
+        membership_audit = false
         """), encoding="utf-8")
     db = folder / "runs.sqlite"
     out = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(config), "--db", str(db)],
@@ -223,6 +224,37 @@ def test_the_main_window_shows_the_selected_run_in_its_audit_tab(qtbot, tiny_run
     assert window.audit.row["id"] == run_id and window.audit.run_button.isEnabled()
     qtbot.waitUntil(lambda: window.audit.figure.theory is not None, timeout=60000)
     window.close()
+
+
+def test_a_run_audited_by_its_runner_shows_its_attack_and_the_tab_waits_while_the_runner_audits(qtbot, tiny_run):
+    """While a finished run's runner still audits it, the tab says so and starts no second audit; once the
+    runner has kept its audit (engine.audit_job.audit_and_store, as audit_after_training calls it), the
+    attack is drawn with nothing clicked."""
+    from engine.audit_job import audit_and_store
+
+    db, run_id, _ = tiny_run
+    view = AuditView(db)
+    qtbot.addWidget(view)
+    alive = {run_id}
+    view.runner_alive = lambda rid: rid in alive
+    row = listed(db, run_id)
+    row["summary"].pop("membership_audit", None)  # as listed before the runner's audit is kept
+    view.show_run(row)
+    assert not view.run_button.isEnabled() and view.progress.isVisibleTo(view)
+    assert "own process is auditing it" in view.status.text()
+    view.run_button.click()
+    assert not view.jobs
+
+    store = Store(db)
+    try:
+        audit_and_store(store, run_id)
+    finally:
+        store.close()
+    alive.clear()  # the runner ended
+    view.show_run(listed(db, run_id))
+    assert curve_named(view, "attack (empirical ROC)") is not None and not view.jobs
+    assert view.run_button.isEnabled() and view.run_button.text() == "Run audit again"
+    assert view.status.text() == "Attack computed (kept with the run)."
 
 
 def test_every_column_of_the_audit_table_is_readable_in_a_usual_window(qtbot):
