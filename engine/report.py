@@ -95,6 +95,9 @@ def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
     )
     if mechanism == "pate":
         statement += pate_statement(run)
+    processes = distributed_statement(run)
+    if processes:
+        statement += " " + processes
     if eps.note:
         statement += f" Tuning study: {eps.note}."
     if not eps.guarantee:
@@ -114,11 +117,29 @@ def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
         "neighbouring_relation": NEIGHBOURING,
         "statement": statement,
     }
+    distributed = (run.get("summary") or {}).get("distributed")
+    if distributed:
+        out["processes"] = {"count": distributed.get("world_size"), "noise_added_by": distributed.get("noise_added_by"),
+                            "trusted": "every process (each sees the sum of the clipped gradients before the noise)"}
     if mechanism == "pate":
         summary = run.get("summary") or {}
         out.update(epsilon_kind=PATE_EPSILON_KIND, epsilon_released=summary.get("epsilon_released"),
                    epsilon_data_independent=summary.get("epsilon_data_independent"))
     return out
+
+
+def distributed_statement(run: dict[str, Any]) -> str | None:
+    """For a DP-SGD run trained by several processes (`dpw run --nproc`), who added the noise and whom
+    the guarantee trusts (engine.dpsgd.distributed); None for a run of one process."""
+    distributed = (run.get("summary") or {}).get("distributed")
+    if not distributed:
+        return None
+    count = distributed.get("world_size")
+    return (f"Trained by {count} processes (torch.distributed): the Gaussian noise was added once per step in "
+            f"total, by {distributed.get('noise_added_by', 'rank 0')} alone, to the sum of every process's clipped "
+            f"gradients, and the accountant counts exactly the single-process sampling rate, noise and steps. "
+            f"Every process sees that sum before the noise, so all {count} processes and the machines they ran on "
+            f"are trusted as one training process: the guarantee covers what leaves the run.")
 
 
 def pate_statement(run: dict[str, Any]) -> str:

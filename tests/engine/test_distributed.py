@@ -161,6 +161,23 @@ def test_two_processes_spend_the_single_process_epsilon_and_learn_as_well(tmp_pa
     assert {row["step"] for row in store.privacy(1)} == set(range(1, result.steps_done + 1))
     shown = CliRunner().invoke(cli, ["show", "1", "--db", db])
     assert "processes      2 (torch.distributed; the noise added once per step, by rank 0)" in shown.output
+    from engine.report import build_report
+
+    guarantee = build_report(store, 1, figures=False)["guarantee"]  # the report and the model card say whom it trusts
+    assert guarantee["processes"]["count"] == 2 and guarantee["processes"]["noise_added_by"] == "rank 0"
+    assert "noise was added once per step in total, by rank 0 alone" in guarantee["statement"]
+    assert "all 2 processes and the machines they ran on are trusted" in guarantee["statement"]
+    assert "processes" not in build_report(_single_run_store(tmp_path), 1, figures=False)["guarantee"]
+
+
+def _single_run_store(tmp_path: Path) -> Store:
+    """A store with one finished digits run of one process (the report's statement without processes)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_export_report import train_in_store
+
+    store = Store(tmp_path / "single.sqlite")
+    train_in_store(store, name="single", dataset="digits", noise_multiplier=1.0, epochs=1, expected_batch_size=64)
+    return store
 
 
 def _descendants(pid: int) -> list[int]:
