@@ -7,17 +7,20 @@ Heavy imports (torch) happen only inside the commands that train; `dpw privacy .
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import signal
 import sqlite3
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
+from engine.config import RELEASE_PARAMETERS
 from engine.errors import DPWError, explain
 
 
@@ -1058,16 +1061,32 @@ def _load_npy(path: Path, what: str):
               help="A .npy boolean array: which queries were answered. confident: charge the realised answers "
               "(default: the expected cost, as the 2018 paper's analysis).")
 @click.option("--delta", type=float, required=True, help="Target delta.")
+@click.option("--release", is_flag=True,
+              help="Also release the data-dependent epsilon with the smooth-sensitivity mechanism (gnmax, "
+              "confident), as a PATE run does: its noise from the operating system's secret randomness, its "
+              "parameters fixed from public quantities, so the released epsilon is safe to publish.")
+@click.option("--release-parameters", type=click.Choice(RELEASE_PARAMETERS), default="data-independent",
+              show_default=True,
+              help="How the release's order, beta and sigma are chosen. data-independent: from the number of "
+              "teachers, queries and classes, the aggregator's noise and delta. data-dependent: by looking at "
+              "the votes (the paper's choice), which the released epsilon does not cover.")
+@click.option("--num-teachers", type=int, default=None,
+              help="The number of teachers (public; default: the most votes cast on any query).")
 @click.option("--release-seed", type=int, default=None,
-              help="Also release the data-dependent epsilon with smooth-sensitivity noise drawn with this seed "
-              "(gnmax, confident).")
+              help="Debugging only (implies --release): draw the release noise from this seed. Anyone who knows "
+              "the seed can remove that noise, so the released epsilon then carries no guarantee.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with the RDP curve).")
 def privacy_pate(votes_file: Path, mechanism: str, sigma: float | None, threshold: float | None,
                  sigma1: float | None, sigma2: float | None, laplace_scale: float | None,
-                 answered_file: Path | None, delta: float, release_seed: int | None, as_json: bool) -> None:
+                 answered_file: Path | None, delta: float, release: bool, release_parameters: str,
+                 num_teachers: int | None, release_seed: int | None, as_json: bool) -> None:
     """Epsilon of PATE's noisy aggregation of teacher votes (data-dependent and data-independent).
 
-    Example: dpw privacy pate --votes votes.npy --mechanism confident --threshold 200 --sigma1 150 --sigma2 40 --delta 1e-5 --json
+    The data-dependent epsilon is a function of the private votes and not safe to publish as is;
+    --release releases it with smooth-sensitivity noise (publishable when its parameters are fixed
+    from public quantities, the default).
+
+    Example: dpw privacy pate --votes votes.npy --mechanism confident --threshold 200 --sigma1 150 --sigma2 40 --delta 1e-5 --release --json
     """
     import numpy as np
 
@@ -1098,17 +1117,18 @@ def privacy_pate(votes_file: Path, mechanism: str, sigma: float | None, threshol
             raise UserError(f"--answered {answered_file}: expected a boolean array of shape ({votes.shape[0]},); "
                             f"got {answered.dtype} of shape {answered.shape}")
     params = {name.replace("-", "_"): value for name, value in needed.items()}
+    release = release or release_seed is not None
+    if release and mechanism == "lnmax":
+        raise UserError("--release: the smooth-sensitivity release covers gnmax and confident; LNMax's "
+                        "data-independent epsilon is already publishable")
+    if num_teachers is not None:
+        _check_number("num-teachers", num_teachers, 0, 1e9)
     try:
         result = pate_analysis.pate_epsilon(votes=votes, mechanism=mechanism, delta=delta, answered=answered, **params)
-        release = None
-        if release_seed is not None:
-            if mechanism == "lnmax":
-                raise UserError("--release-seed: the smooth-sensitivity release covers gnmax and confident")
-            from engine.privacy import pate_smooth
-
-            noise = float(np.random.default_rng(release_seed).standard_normal())
-            release = pate_smooth.release_epsilon(votes=votes, mechanism=mechanism, delta=delta, noise=noise,
-                                                  answered=answered, **params)
+        released = None
+        if release:
+            released = release_votes(votes, mechanism=mechanism, delta=delta, answered=answered, params=params,
+                                     rule=release_parameters, num_teachers=num_teachers, seed=release_seed)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     out = {
@@ -1125,12 +1145,14 @@ def privacy_pate(votes_file: Path, mechanism: str, sigma: float | None, threshol
         "rdp": [float(r) for r in result.rdp],
         "rdp_data_independent": [float(r) for r in result.rdp_data_independent],
     }
-    if release is not None:
-        out["epsilon_released"] = release.epsilon_released
-        out["release"] = {"order": release.order, "beta": release.beta, "sigma_ss": release.sigma_ss,
-                          "release_rdp": float(release.release_rdp), "rdp_released": float(release.rdp_released),
-                          "parameters_from_data": release.parameters_from_data,
-                          "conditions_hold": release.conditions_hold}
+    if released is not None:
+        rel = released.release
+        out["epsilon_released"] = rel.epsilon_released
+        out["release"] = {"order": rel.order, "beta": rel.beta, "sigma_ss": rel.sigma_ss,
+                          "release_rdp": float(rel.release_rdp), "rdp_released": float(rel.rdp_released),
+                          "parameters_from_data": rel.parameters_from_data, "conditions_hold": rel.conditions_hold,
+                          "noise": released.noise, "publishable": released.publishable,
+                          "caveat": released.caveat}
     if as_json:
         click.echo(json.dumps(out))
         return
@@ -1141,11 +1163,56 @@ def privacy_pate(votes_file: Path, mechanism: str, sigma: float | None, threshol
         "  — depends on the votes: not safe to publish as is",
         f"  epsilon (data-independent)  = {result.epsilon_data_independent:.6g} at order {result.order_data_independent}",
     ]
-    if release is not None:
-        lines.append(f"  epsilon (released)          = {out['epsilon_released']:.6g} "
-                     f"(smooth-sensitivity noise, order {release.order:g}, seed {release_seed})")
+    if released is not None:
+        rel = released.release
+        lines.append(f"  epsilon (released)          = {rel.epsilon_released:.6g} at order {rel.order:g} "
+                     f"(smooth-sensitivity noise, {released.noise})"
+                     + ("  — safe to publish" if released.publishable else f"  — NOT publishable: {released.caveat}"))
     lines.append(f"  delta = {result.delta:g}")
     click.echo("\n".join(lines))
+
+
+@dataclass
+class ReleasedVotes:
+    """`dpw privacy pate --release`: the smooth-sensitivity release and whether it may be published."""
+
+    release: Any  # engine.privacy.pate_smooth.ReleasedEpsilon
+    noise: str  # "secret" or "seeded"
+    publishable: bool
+    caveat: str | None
+
+
+def release_votes(votes, *, mechanism: str, delta: float, answered, params: dict[str, Any], rule: str,
+                  num_teachers: int | None, seed: int | None) -> ReleasedVotes:
+    """Release the data-dependent epsilon of `votes` as a PATE run does (engine.pate.run): noise from
+    secret OS randomness (engine.randomness), unless a debugging `seed` is given, and parameters from
+    public quantities unless `rule` is "data-dependent". Raises ValueError on settings that cannot work."""
+    import numpy as np
+
+    from engine.privacy import pate_smooth
+    from engine.randomness import PrivateRandomness
+
+    teachers = int(num_teachers) if num_teachers is not None else int(np.max(votes.sum(axis=1)))
+    chosen: dict[str, float] = {}
+    if rule == "data-independent":
+        chosen = dataclasses.asdict(pate_smooth.data_independent_parameters(
+            mechanism=mechanism, num_teachers=teachers, num_queries=votes.shape[0], num_classes=votes.shape[1],
+            delta=delta, **params))
+    randomness = PrivateRandomness(reproducible_noise=seed is not None, seed=seed or 0)
+    noise = float(randomness.numpy_generator("smooth_sensitivity_release").standard_normal())
+    release = pate_smooth.release_epsilon(votes=votes, mechanism=mechanism, delta=delta, noise=noise,
+                                          answered=answered, num_teachers=teachers, **params, **chosen)
+    caveats = []
+    if seed is not None:
+        caveats.append(f"its noise is reproducible from --release-seed {seed}, so anyone who knows the seed can "
+                       "remove it (no guarantee)")
+    if release.parameters_from_data:
+        caveats.append("its parameters were chosen by looking at the votes, which the released epsilon does not "
+                       "cover")
+    if not release.conditions_hold:
+        caveats.append("the smooth-sensitivity conditions failed their numerical check (use a larger sigma)")
+    return ReleasedVotes(release, "seeded" if seed is not None else "secret", not caveats,
+                         "; ".join(caveats) or None)
 
 
 def main() -> None:

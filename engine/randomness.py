@@ -24,10 +24,12 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where a torch generator is made: `dpw privacy` stays torch-free
+    import torch
 
 ROOT_BITS = 256
 PRIVACY_NOISE = ("secret", "seeded")
@@ -66,6 +68,8 @@ def seeded_int(seed: int, purpose: str) -> int:
 
 def seeded_torch_generator(seed: int, purpose: str, device: torch.device | str = "cpu") -> torch.Generator:
     """A torch generator for a public, seed-governed use (e.g. the non-private baseline's order)."""
+    import torch
+
     return torch.Generator(device=device).manual_seed(seeded_int(seed, purpose))
 
 
@@ -107,6 +111,8 @@ class PrivateRandomness:
 
     def torch_generator(self, purpose: str, device: torch.device | str = "cpu") -> "torch.Generator | SecureGenerator":
         """The stream for `purpose` as a torch generator on `device` (a SecureGenerator when hardened)."""
+        import torch
+
         sequence = self._stream(purpose)
         if self.noise_sampler == "hardened":
             return SecureGenerator(_key_bytes(sequence))
@@ -128,6 +134,8 @@ def _key_bytes(sequence: np.random.SeedSequence) -> bytes:
 def _torch_generator_from(sequence: np.random.SeedSequence, device: torch.device) -> torch.Generator:
     """A torch generator whose whole state comes from `sequence`, not just a 64-bit seed: on CPU
     the 19,937-bit Mersenne Twister state, on CUDA the Philox seed and offset (126 bits)."""
+    import torch
+
     words = sequence.generate_state(_MT19937_WORDS + 4, np.uint32)
     seed64 = int(words[0]) | int(words[1]) << 32
     generator = torch.Generator(device=device).manual_seed(seed64)
@@ -145,6 +153,8 @@ def _torch_generator_from(sequence: np.random.SeedSequence, device: torch.device
 def _fill_mt19937(generator: torch.Generator, words: np.ndarray) -> None:
     """Overwrite the Mersenne Twister's 624-word state of a CPU generator (and make it twist before its
     first output), so that it is not one of the 2^64 states a seed can reach."""
+    import torch
+
     state = generator.get_state()
     if state.numel() != _CPU_STATE_BYTES:
         return  # another torch layout: keep the secret 64-bit seed

@@ -384,11 +384,15 @@ class PreparedPATERun:
             result.released = rel
             # Publishable: min(released, data-independent) (engine.publication), post-processing of two
             # released values; the release's own parameters were fixed before the votes (by default).
-            result.epsilon_released = rel.epsilon_released
+            # At an order where conditions C5-C6 fail the release's own analysis does not hold: unused.
+            result.epsilon_released = rel.epsilon_released if rel.conditions_hold else None
             if not rel.conditions_hold:
                 emit("warning", message=f"the smooth-sensitivity conditions C5-C6 failed the numerical check at "
-                     f"order {rel.order:g}; the released epsilon may not be reliable (use a larger sigma)")
-        emit("privacy", step=n, epsilon=float(result.epsilon_released), delta=config.delta, accountant="pate-released")
+                     f"order {rel.order:g}, so the released epsilon is not used: the run states its "
+                     f"data-independent epsilon (use a larger sigma, or leave release_order unset)")
+        if result.epsilon_released is not None:
+            emit("privacy", step=n, epsilon=float(result.epsilon_released), delta=config.delta,
+                 accountant="pate-released")
 
     # ---- runner interface ----------------------------------------------------------------------
     def run_fields(self, result: PATEResult | None) -> dict[str, Any]:

@@ -352,10 +352,10 @@ def release_epsilon(
     costs = pate.query_costs(votes=v, mechanism=mechanism, sigma=sigma, threshold=threshold, sigma1=sigma1,
                              sigma2=sigma2, answered=answered, orders=orders)
     from_data = order is None or beta is None or sigma_ss is None
+    gn_sigma = sigma2 if mechanism == "confident" else sigma
     if order is None:
-        rdp_all = costs.data_dependent.sum(axis=0)[None, :]
-        _, best = pate._epsilon_rows(rdp_all, costs.orders, d)
-        alpha = float(best[0])
+        alpha = best_order_meeting_conditions(costs.data_dependent.sum(axis=0), costs.orders, d,
+                                              sigma=gn_sigma, num_classes=v.shape[1])
     else:
         alpha = float(pate._orders(order)[0])
     at = pate.query_costs(votes=v, mechanism=mechanism, sigma=sigma, threshold=threshold, sigma1=sigma1,
@@ -363,7 +363,6 @@ def release_epsilon(
     rdp_dd = float(at.data_dependent.sum())
     total_ls = _total_local_sensitivity(at, v, num_teachers=n, order=alpha, sigma=sigma, threshold=threshold,
                                         sigma1=sigma1, sigma2=sigma2)
-    gn_sigma = sigma2 if mechanism == "confident" else sigma
     conditions = check_conditions(sigma=gn_sigma, num_classes=v.shape[1], order=alpha)
     b, s_ss, ss = _choose_beta_sigma(total_ls, alpha, rdp_dd, beta, sigma_ss)
     release_rdp = 0.0 if ss == 0.0 else float(gnss_rdp(beta=b, sigma=s_ss, order=alpha))
@@ -385,6 +384,22 @@ def release_epsilon(
         parameters_from_data=from_data,
         conditions_hold=bool(conditions[0] and conditions[1]),
     )
+
+
+def best_order_meeting_conditions(rdp, orders, delta: float, *, sigma: float, num_classes: int) -> float:
+    """The order giving the smallest epsilon for the RDP curve `rdp` (one value per order) among the
+    orders at which conditions C5-C6 hold (check_conditions), on which the GNMax local sensitivity
+    relies: a release at an order where they fail would not be covered by its own analysis. Above
+    some order they fail (e.g. sigma 40, 10 classes: from about 39), so a small RDP cost can push the
+    best order there. With no order meeting them, the best order (the release is then flagged)."""
+    rdp = np.asarray(rdp, dtype=float)
+    eps = rdp + pate._conversion_offset(np.asarray(orders, dtype=float), delta)
+    ranked = np.argsort(eps, kind="stable")
+    for index in ranked:
+        alpha = float(orders[index])
+        if all(check_conditions(sigma=sigma, num_classes=num_classes, order=alpha)):
+            return alpha
+    return float(orders[ranked[0]])
 
 
 def _choose_beta_sigma(total_ls: np.ndarray, order: float, rdp: float, beta, sigma_ss) -> tuple[float, float, float]:
@@ -471,8 +486,8 @@ def data_independent_parameters(
     # Every reference query is the same, so the run's cost and local sensitivity are q times one query's.
     if order is None:
         costs = pate.query_costs(votes=unanimous, orders=orders, **params)
-        _, best = pate._epsilon_rows(q * costs.data_dependent.sum(axis=0)[None, :], costs.orders, d)
-        alpha = float(best[0])
+        alpha = best_order_meeting_conditions(q * costs.data_dependent.sum(axis=0), costs.orders, d,
+                                              sigma=sigma2 if mechanism == "confident" else sigma, num_classes=m)
     else:
         alpha = float(pate._orders(order)[0])
     at = pate.query_costs(votes=unanimous, orders=[alpha], **params)

@@ -314,6 +314,43 @@ def test_cli_privacy_pate_json_without_torch(tmp_path):
     assert json.loads(expected.stdout)["answered_is_expected"] is True
 
 
+def test_cli_privacy_pate_release_draws_secret_noise_with_public_parameters(tmp_path):
+    """--release is what a PATE run releases: noise from secret OS randomness (two calls differ; nothing
+    given rebuilds it), parameters fixed from public quantities, stated safe to publish; a debugging
+    --release-seed repeats exactly and says it carries no guarantee; parameters chosen from the votes
+    are stated as not covered. Without torch, as the other privacy commands."""
+    rng = np.random.default_rng(1)
+    votes = np.array([rng.multinomial(250, [0.85] + [0.15 / 9] * 9) for _ in range(80)])
+    np.save(tmp_path / "votes.npy", votes)
+    base = ("privacy", "pate", "--votes", str(tmp_path / "votes.npy"), "--mechanism", "confident", "--threshold",
+            "200", "--sigma1", "150", "--sigma2", "40", "--delta", "1e-5", "--json")
+
+    def release(*extra: str) -> dict:
+        res = _dpw(*base, *extra)
+        assert res.returncode == 0, res.stderr
+        assert "NO-TORCH" in res.stderr
+        return json.loads(res.stdout)
+
+    first, second = release("--release"), release("--release")
+    # a fresh secret draw each time (the noisy RDP itself: the epsilon clamps a negative one at 0)
+    assert first["release"]["rdp_released"] != second["release"]["rdp_released"]
+    for out in (first, second):
+        assert out["release"]["noise"] == "secret" and out["release"]["publishable"] is True
+        assert out["release"]["parameters_from_data"] is False and out["release"]["caveat"] is None
+    assert first["release"]["order"] == second["release"]["order"]  # fixed before the votes, the same each time
+    seeded = [release("--release-seed", "7") for _ in range(2)]
+    assert seeded[0]["release"]["rdp_released"] == seeded[1]["release"]["rdp_released"]
+    assert seeded[0]["release"]["noise"] == "seeded" and seeded[0]["release"]["publishable"] is False
+    assert "no guarantee" in seeded[0]["release"]["caveat"]
+    from_votes = release("--release", "--release-parameters", "data-dependent")
+    assert from_votes["release"]["parameters_from_data"] is True and from_votes["release"]["publishable"] is False
+    text = _dpw(*base[:-1], "--release-seed", "7")
+    assert "NOT publishable" in text.stdout and "--release-seed 7" in text.stdout
+    lnmax = _dpw("privacy", "pate", "--votes", str(tmp_path / "votes.npy"), "--mechanism", "lnmax",
+                 "--laplace-scale", "20", "--delta", "1e-5", "--release")
+    assert lnmax.returncode != 0 and "covers gnmax and confident" in lnmax.stderr and "Traceback" not in lnmax.stderr
+
+
 def test_cli_privacy_pate_user_errors_are_one_line(tmp_path):
     np.save(tmp_path / "votes.npy", np.array([[1.5, 2.0]]))
     res = _dpw("privacy", "pate", "--votes", str(tmp_path / "votes.npy"), "--mechanism", "gnmax", "--sigma", "4",

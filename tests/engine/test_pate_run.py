@@ -217,3 +217,25 @@ def test_release_parameters_come_from_public_settings_unless_asked_otherwise():
         RunConfig(mechanism="pate", release_order=20.0, release_beta=0.03)
     with pytest.raises(ConfigError, match="release_beta"):
         release_parameters(config.replace(release_beta=0.4), 10)
+
+
+def test_a_release_at_an_order_where_its_conditions_fail_is_not_published(tmp_path, mnist_dir):
+    """release_order 8 with sigma2 2: C5-C6, on which the release's local-sensitivity bound rests, fail
+    there, so the released epsilon is kept as a diagnostic but the run states its data-independent one."""
+    from engine.privacy.pate_smooth import check_conditions
+    from engine.publication import publishable_epsilon
+
+    assert not all(check_conditions(sigma=2.0, num_classes=10, order=8.0))
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = store.create_run(RunConfig(**small_pate(mnist_dir, teacher_epochs=2, student_epochs=1, num_queries=100,
+                                                     release_order=8.0)))
+    assert execute(store, run_id, stream=open(os.devnull, "w")) == "finished"
+    run = store.get_run(run_id)
+    summary = run["summary"]
+    assert summary["release"]["conditions_hold"] is False and summary["epsilon_released"] is None
+    eps = publishable_epsilon(run)
+    assert eps.value == pytest.approx(summary["epsilon_data_independent"]) and eps.accountant == "pate-di"
+    assert run["epsilon"] == pytest.approx(summary["epsilon_data_independent"])
+    assert not store.privacy(run_id, "pate-released")  # no released value in the ledger
+    warnings = [e["message"] for e in store.events(run_id) if e["type"] == "warning"]
+    assert any("released epsilon is not used" in w for w in warnings)

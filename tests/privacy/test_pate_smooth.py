@@ -195,3 +195,26 @@ def test_data_independent_parameters_depend_on_the_public_settings():
     assert gnmax.order > 1.0
     with pytest.raises(ValueError, match="lnmax"):
         pate_smooth.data_independent_parameters(**dict(PUBLIC, mechanism="lnmax"))
+
+
+def test_release_orders_are_chosen_where_conditions_c5_c6_hold():
+    """With few queries the smallest epsilon sits at a high order, where C6 fails for sigma 40 (the GNMax
+    local-sensitivity bound relies on it): the parameters fixed from public settings, and the authors'
+    search over the votes, take the best order at which C5-C6 hold instead."""
+    m, n, q, delta = 10, 250, 80, 1e-5
+    settings = dict(mechanism="confident", threshold=200.0, sigma1=150.0, sigma2=40.0)
+    unanimous = np.zeros((1, m))
+    unanimous[0, 0] = n
+    costs = pate.query_costs(votes=unanimous, **settings)
+    _, unconstrained = pate._epsilon_rows(q * costs.data_dependent.sum(axis=0)[None, :], costs.orders, delta)
+    assert not all(pate_smooth.check_conditions(sigma=40.0, num_classes=m, order=float(unconstrained[0])))
+    chosen = pate_smooth.data_independent_parameters(num_teachers=n, num_queries=q, num_classes=m, delta=delta,
+                                                     **settings)
+    assert all(pate_smooth.check_conditions(sigma=40.0, num_classes=m, order=chosen.order))
+    assert chosen.order < float(unconstrained[0])
+    votes = np.tile(unanimous, (q, 1)).astype(int)
+    searched = pate_smooth.release_epsilon(votes=votes, delta=delta, noise=0.0, **settings)
+    assert searched.parameters_from_data and searched.conditions_hold
+    forced = pate_smooth.release_epsilon(votes=votes, delta=delta, noise=0.0, order=float(unconstrained[0]),
+                                         beta=0.01, sigma_ss=10.0, **settings)
+    assert not forced.conditions_hold  # a caller's own order is kept, and flagged
