@@ -17,6 +17,7 @@ and hands the config to the other ranks, which only train (`serve_rank`) and nev
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import shutil
@@ -37,6 +38,7 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.requested = False
+        self.interrupts = False  # after training: a stop ends the work at once (interruptible)
 
     def install(self) -> None:
         for name in ("SIGTERM", "SIGINT", "SIGHUP"):
@@ -45,9 +47,27 @@ class StopFlag:
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested = True
+        if self.interrupts:
+            raise StopRequested()
 
     def __call__(self) -> bool:
         return self.requested
+
+    @contextlib.contextmanager
+    def interruptible(self):
+        """Work after the run has ended (its audit) that a stop abandons at once instead of after it:
+        the window closing or Ctrl-C does not wait for it. An abandoned write is rolled back whole."""
+        self.interrupts = True
+        try:
+            yield
+        except StopRequested:
+            pass
+        finally:
+            self.interrupts = False
+
+
+class StopRequested(Exception):
+    """A stop arrived during interruptible work (StopFlag.interruptible)."""
 
 
 def artifacts_dir(store: Store, run_id: int) -> Path:
@@ -222,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     if status == "finished" and not stop():
         from engine.audit_job import audit_after_training
 
-        audit_after_training(store, args.run_id)
+        with stop.interruptible():
+            audit_after_training(store, args.run_id)
     return 0 if status in ("finished", "stopped") else 1
 
 

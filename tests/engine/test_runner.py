@@ -306,3 +306,36 @@ def test_two_stores_in_one_folder_keep_their_models_apart(tmp_path):
     default, other = Store(tmp_path / "runs.sqlite"), Store(tmp_path / "trial.sqlite")
     assert artifacts_dir(default, 1) == tmp_path / "artifacts" / "run-1"
     assert artifacts_dir(other, 1) == tmp_path / "trial-artifacts" / "run-1"
+
+
+def test_a_stop_during_the_audit_after_training_ends_it_at_once_and_keeps_the_run_finished(tmp_path):
+    """The runner's membership audit runs after the run is finished: SIGTERM (the window closing,
+    Ctrl-C) abandons it at once instead of waiting for it, and leaves the run finished, its privacy
+    recorded, and no half-written audit. First the flag itself: a stop inside `interruptible` ends
+    a 60 s wait at once; outside, it is only recorded (training checks it between steps)."""
+    code = (
+        "import os, signal, time\n"
+        "from engine.runner import StopFlag\n"
+        "stop = StopFlag(); stop.install()\n"
+        "with stop.interruptible():\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(60)\n"
+        "    print('not interrupted')\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "print('after', stop())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["after", "True"]
+
+    store, run_id = queue(tmp_path, name="audit-cut", dataset="digits", model="mlp", noise_multiplier=1.0,
+                          expected_batch_size=64, epochs=1)
+    proc = start_runner(store.path, run_id)
+    read_events_until(proc, lambda e: e["type"] == "finished")
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    run = store.get_run(run_id)
+    assert run["status"] == "finished" and run["epsilon"] is not None
+    kept = run["summary"].get("membership_audit")
+    assert kept is None or kept["mia"]["members"] > 0  # abandoned, or (if it beat the signal) whole
