@@ -200,8 +200,14 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
             setting = ", ".join(f"{k} = {v!r}" for k, v in payload["setting"].items())
             click.echo(f"candidate {payload['index']}: run {payload['run_id']} ({setting})", err=True)
 
-    result = run_study(config, store, lambda run_id: follow_runner(store.path, run_id, as_json=as_json, store=store),
-                       emit=emit)
+    stops = StopRequests()
+    with stops.installed():  # a stop between candidates, or while one starts, is not lost
+
+        def launch(run_id: int) -> str:
+            status = follow_runner(store.path, run_id, as_json=as_json, store=store, stops=stops)
+            return "stopped" if stops.requested else status
+
+        result = run_study(config, store, launch, emit=emit, should_stop=lambda: stops.requested)
     if as_json:
         return
     row = store.get_study(result.study_id)
@@ -224,29 +230,69 @@ def runner_command(db_path: Path, run_id: int, launch: Any = None) -> list[str]:
     return [sys.executable, "-m", "engine.runner", *args]
 
 
-def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=None, launch: Any = None) -> str:
-    """Start the runner process and render its events until it ends; returns the final status.
-    Ctrl-C, SIGTERM or SIGHUP to this process asks the runner to stop after its current step (never
-    an orphan runner). With
-    `store`, the runner is recorded as the run's owner, and a runner that ended without reporting
-    leaves its run marked failed with the reason before this returns."""
-    from engine.events import decode
+class StopRequests:
+    """Ctrl-C, SIGTERM or SIGHUP to this process while it follows runners: remembered (`requested`) and
+    passed on (SIGTERM) to the runner being followed, which stops after its current step. A study keeps
+    one for its whole length, so a stop between candidates, or while a runner is still starting up and
+    dies of it, still stops the study."""
 
-    # Its own process group: the terminal's Ctrl-C reaches only this process, which asks the runner to
-    # stop (SIGTERM); a runner still starting never dies of it with a KeyboardInterrupt traceback.
-    own_group = {"process_group": 0} if sys.platform != "win32" else {}
-    proc = subprocess.Popen(runner_command(db_path, run_id, launch), stdout=subprocess.PIPE, text=True, bufsize=1,
-                            **own_group)
-    if store is not None:
-        store.assign_runner(run_id, proc.pid)
+    SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
-    def stop_runner(signum: int, frame: Any) -> None:
-        proc.send_signal(signal.SIGTERM)
+    def __init__(self) -> None:
+        self.requested = False
+        self.runner: subprocess.Popen | None = None
+
+    @contextlib.contextmanager
+    def installed(self):
+        signals = [getattr(signal, name) for name in self.SIGNALS if hasattr(signal, name)]
+        previous = {sig: signal.signal(sig, self._handle) for sig in signals}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+        if self.runner is not None and self.runner.poll() is None:
+            self.runner.send_signal(signal.SIGTERM)
         with contextlib.suppress(OSError):
             click.echo("\nstopping after the current step…", err=True)
 
-    signals = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
-    previous = {sig: signal.signal(sig, stop_runner) for sig in signals}
+
+def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=None, launch: Any = None,
+                  stops: StopRequests | None = None) -> str:
+    """Start the runner process and render its events until it ends; returns the final status.
+    Ctrl-C, SIGTERM or SIGHUP to this process asks the runner to stop after its current step (never
+    an orphan runner); `stops`, when given, is already installed and remembers them. With
+    `store`, the runner is recorded as the run's owner, and a runner that ended without reporting
+    leaves its run marked failed with the reason before this returns."""
+    if stops is None:
+        stops = StopRequests()
+        installed = stops.installed()
+    else:
+        installed = contextlib.nullcontext()
+    # Its own process group: the terminal's Ctrl-C reaches only this process, which asks the runner to
+    # stop (SIGTERM); a runner still starting never dies of it with a KeyboardInterrupt traceback.
+    own_group = {"process_group": 0} if sys.platform != "win32" else {}
+    with installed:
+        proc = subprocess.Popen(runner_command(db_path, run_id, launch), stdout=subprocess.PIPE, text=True,
+                                bufsize=1, **own_group)
+        stops.runner = proc
+        if stops.requested:  # asked before the runner existed
+            proc.send_signal(signal.SIGTERM)
+        try:
+            return _render_runner(proc, run_id, as_json=as_json, store=store)
+        finally:
+            stops.runner = None
+
+
+def _render_runner(proc: subprocess.Popen, run_id: int, *, as_json: bool, store) -> str:
+    """follow_runner's loop: render the events until the runner ends; its final status."""
+    from engine.events import decode
+
+    if store is not None:
+        store.assign_runner(run_id, proc.pid)
     display = None if as_json else ProgressDisplay()
     status = "failed"
     try:
@@ -265,8 +311,6 @@ def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=No
                 status = event["status"]
     finally:
         proc.wait()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         if display:
             display.close()
         if store is not None:

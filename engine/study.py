@@ -268,12 +268,12 @@ def plan_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
 
 # ---- running -------------------------------------------------------------------------------------
 def run_study(config: StudyConfig, store: Store, launch: Launch, *, emit: Emit | None = None,
-              plan: StudyPlan | None = None) -> StudyResult:
+              plan: StudyPlan | None = None, should_stop: Callable[[], bool] = lambda: False) -> StudyResult:
     """Store the study, run its candidates one after another with `launch` (run id -> status), score
     them, choose the released run and record the study's epsilon. Before each candidate starts, the
     privacy of every candidate started so far is written on the study's row (a killed study keeps it).
     A stopped candidate stops the study ("stopped": nothing is released and the epsilon is that
-    composition; module docstring)."""
+    composition; module docstring), and so does `should_stop()` before the next candidate is created."""
     emit = emit or (lambda *a, **k: None)
     plan = plan or plan_candidates(config)
     accounted = config.mode in ("private", "composition")
@@ -285,6 +285,9 @@ def run_study(config: StudyConfig, store: Store, launch: Launch, *, emit: Emit |
     run_ids: list[int] = []
     status = "finished"
     for index, run_config in enumerate(plan.configs):
+        if should_stop():
+            status = "stopped"
+            break
         if accounted:
             _record(store, study_id, composition_epsilon(plan.configs[:index + 1], num_train, config.base.delta),
                     num_candidates=index + 1)

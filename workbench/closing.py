@@ -13,19 +13,28 @@ from PySide6.QtWidgets import QMessageBox, QWidget
 STOP, KEEP, CANCEL = "stop", "keep", "cancel"
 
 
-def ask_before_closing(parent: QWidget, running: list[str], queued: list[str]) -> str:
-    """Ask whether to stop the active runs or let the running ones finish in the background.
-    Returns STOP, KEEP or CANCEL."""
+def ask_before_closing(parent: QWidget, running: list[str], queued: list[str], studies: list[str] = ()) -> str:
+    """Ask whether to stop the active runs or let the running ones finish in the background; tuning
+    studies the window started stop either way (their output goes to the window). Returns STOP, KEEP
+    or CANCEL."""
     lines = []
     if running:
         lines.append("Running: " + ", ".join(running) + ".")
     if queued:
         lines.append("Queued (never started; dropped either way): " + ", ".join(queued) + ".")
-    box = QMessageBox(QMessageBox.Icon.Question, "Runs are still active",
-                      "Stop the runs, or let them finish in the background?", parent=parent)
+    if studies:
+        lines.append("Tuning studies (stopped either way; each records what it spent, and a private study "
+                     "stopped early releases nothing): " + ", ".join(studies) + ".")
+    question = ("Stop the runs, or let them finish in the background?" if running else
+                "Stop them and close?")
+    title = "Runs are still active" if running or queued else "A tuning study is still running"
+    box = QMessageBox(QMessageBox.Icon.Question, title, question, parent=parent)
+    box.setStyleSheet("QLabel#qt_msgbox_label, QLabel#qt_msgbox_informativelabel { min-width: 440px; }")
     box.setObjectName("closeWithRunsDialog")
-    box.setInformativeText("\n".join(lines) + "\n\nA run left running keeps writing its curves and privacy spent "
-                           "to the store; open the window again to follow or stop it.")
+    if running:
+        lines.append("\nA run left running keeps writing its curves and privacy spent to the store; open the "
+                     "window again to follow or stop it.")
+    box.setInformativeText("\n".join(lines))
     stop = box.addButton("Stop runs and close", QMessageBox.ButtonRole.DestructiveRole)
     keep = box.addButton("Keep running in background", QMessageBox.ButtonRole.AcceptRole) if running else None
     cancel = box.addButton(QMessageBox.StandardButton.Cancel)

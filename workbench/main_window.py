@@ -270,10 +270,12 @@ class MainWindow(QMainWindow):
         # Only a person closing the window is asked (close button, Quit); a close from code stops the runs.
         by_user = event.spontaneous() or getattr(self, "_closed_by_user", False)
         running = [i for i, job in self.client.jobs.items() if job.finished_status is None]  # not yet ended
-        if by_user and (running or self.client.queue):
+        studies = [study for study in self.studies if study.running()]
+        if by_user and (running or self.client.queue or studies):
             names = {r["id"]: f"{r['id']} ({r['name']})" for r in self.runs_model.rows}
             choice = ask_before_closing(self, [names.get(i, str(i)) for i in running],
-                                        [names.get(i, str(i)) for i in self.client.queue])
+                                        [names.get(i, str(i)) for i in self.client.queue],
+                                        [study.label() for study in studies])
             if choice == CANCEL:
                 event.ignore()
                 return

@@ -150,6 +150,10 @@ class StudyProcess(QObject):
     def running(self) -> bool:
         return self.process.state() != QProcess.ProcessState.NotRunning
 
+    def label(self) -> str:
+        """How the window names the study to a person: its file, and its id once stored."""
+        return self.path.name + (f" (study {self.study_id})" if self.study_id is not None else "")
+
     def stop(self) -> None:
         """Ask the study to stop (SIGTERM: `dpw study` stops its current candidate after its step; the
         study ends "stopped", releasing nothing chosen and stating the composition of what ran)."""

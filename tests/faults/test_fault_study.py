@@ -15,6 +15,8 @@ import pytest
 from engine.privacy.pld import SubsampledGaussian, pld_epsilon_composed
 from engine.publication import publishable_epsilon
 from engine.store import Store
+from engine.study import composition_epsilon, plan_candidates, training_size
+from engine.study_config import StudyConfig
 from fault_helpers import DIGITS, check_ledger, start, store_with_history, write_toml
 
 NOISE = [1.0, 1.2, 1.5]
@@ -113,4 +115,35 @@ def test_kill_9_of_a_private_study_releases_nothing_and_states_the_composition_o
                                     delta=DIGITS["delta"]).value
     assert study["epsilon"] == pytest.approx(expected, rel=1e-9)
     assert publishable_epsilon(runs[0]).withheld  # nothing chosen, nothing released
+    check_ledger(db)
+
+
+@pytest.mark.parametrize("moment", ["candidate", "finished"])
+def test_sigterm_to_dpw_study_at_any_moment_stops_it_with_no_further_candidate(tmp_path, moment):
+    """SIGTERM (the window's Stop or its closing, a terminal's Ctrl-C) to `dpw study` the instant a candidate
+    is announced (its runner still starting up, before it can stop cleanly) or the instant one finished
+    (its runner auditing, the next not yet created): the study ends "stopped" at once, starts no other
+    candidate, leaves no run queued or running, and its row states the composition of what ran."""
+    db = store_with_history(tmp_path / "runs.sqlite")
+    proc = start(["-m", "engine.cli", "study", study_file(tmp_path / "study.toml", "composition"), "--db", db,
+                  "--json"])
+    for line in proc.stdout:
+        event = json.loads(line) if line.startswith("{") else {}
+        if event.get("type") == moment:
+            proc.send_signal(signal.SIGTERM)
+            break
+    proc.stdout.read()
+    assert proc.wait(timeout=120) == 0
+    proc.stdout.close()
+    proc.stderr.close()
+    store = Store(db)
+    study = store.list_studies()[-1]
+    mine = [r for r in store.list_runs() if r.get("study_id") == study["id"]]
+    assert study["status"] == "stopped" and study["released_run_id"] is None
+    assert len(mine) == study["num_candidates"] == 1
+    assert mine[0]["status"] in ("finished", "stopped", "failed")  # failed: killed while still starting up
+    config = StudyConfig.load_toml(tmp_path / "study.toml")
+    first = plan_candidates(config).configs[:1]
+    expected = composition_epsilon(first, training_size(first[0]), config.base.delta)
+    assert study["epsilon"] == pytest.approx(expected.value, rel=1e-9)
     check_ledger(db)

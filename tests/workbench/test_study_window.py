@@ -140,3 +140,27 @@ def test_closing_the_window_stops_a_running_study_with_the_privacy_it_spent(wind
     assert row["status"] == "stopped" and row["num_candidates"] == 1
     assert row["epsilon"] is not None and row["accountant"] == "pld-composition"
     assert store.get_run(run_id)["status"] == "stopped"
+
+
+def test_quitting_with_a_running_study_asks_first_and_cancel_keeps_it_going(window, qtbot, tmp_path, db_path):
+    """A person quitting is told that the study stops (a private one stopped early releases nothing) and
+    may cancel; stopping it records what it spent, as above."""
+    from engine.store import Store
+    from test_runs import answer_close_dialog
+
+    path = study_file(tmp_path, mode="private")
+    path.write_text(path.read_text().replace('mode = "private"', 'mode = "private"\nmean_runs = 3')
+                    .replace("epochs = 1", "epochs = 200"), encoding="utf-8")
+    study = window.start_study(path)
+    with qtbot.waitSignal(study.candidate, timeout=120_000) as first:
+        pass
+    seen = answer_close_dialog(qtbot, "Cancel")
+    window.act_quit.trigger()
+    assert seen and "study.toml" in seen[0] and "releases nothing" in seen[0]
+    assert window.isVisible() and study.running()
+    seen = answer_close_dialog(qtbot, "Stop runs and close")
+    window.act_quit.trigger()
+    assert not window.isVisible() and not study.running()
+    store = Store(db_path)
+    row = store.get_study(store.get_run(first.args[0])["study_id"])
+    assert row["status"] == "stopped" and row["released_run_id"] is None
