@@ -28,7 +28,9 @@ The `finished` event's `summary` (also the store's `runs.summary`) is made by th
 `dpw run CONFIG --nproc N` adds `distributed`: {`world_size` (N), `noise_added_by` ("rank 0": the
 Gaussian noise is added once per step, by rank 0 alone), `parameters_identical` (true when every
 rank ended with the same weights, compared by a sha256 of each rank's parameters; rank 0's model is
-saved either way)} (engine.dpsgd.distributed).
+saved either way)} (engine.dpsgd.distributed). After the `finished` event, a finished run's runner adds
+`membership_audit` to the store's summary (engine.audit_job.audit_after_training: the loss attack on
+the run's model, computed from private data, kept locally); no event carries it.
 
 Non-finite numbers (an epsilon of inf when the noise is tiny, a NaN loss) are written as the
 strings "Infinity", "-Infinity" and "NaN" (JSON has no such numbers), so every line stays strict
