@@ -149,6 +149,8 @@ def test_quick_start_and_the_commands_after_it_run_as_written_on_a_fresh_machine
     assert ran.stdout.startswith(shown.splitlines()[0])
     epsilon_line = next(line for line in shown.splitlines() if "privacy" in line)
     assert epsilon_line in ran.stdout, "the README's summary states the epsilon the quick start reaches"
+    audit_line = next(line for line in shown.splitlines() if "membership" in line).split("AUC")[0]
+    assert audit_line in ran.stdout, "the README's summary ends with the run's own membership audit"
 
     for line in dpw_lines("Run"):
         ran = run_readme_line(line, checkout, env, stdin="y\n")
