@@ -209,7 +209,9 @@ class Store:
     or folder) opens that way by itself, and its writes raise StoreError."""
 
     def __init__(self, path: str | Path, *, readonly: bool = False):
-        self.path = Path(path)
+        # Absolute from the start: the runner, the window's helpers and the saved models' paths must
+        # name this file whatever folder each process was started in (a relative --db named two).
+        self.path = Path(path).absolute()
         self._seq: dict[int, int] = {}
         self._stated: dict[int, str | None] = {}  # run id -> accountant its plan reports
         self._checked = False  # quick_check done before this connection's first write

@@ -43,7 +43,9 @@ class RemoteError(Exception):
 
 class StoreClient:
     def __init__(self, path: str | Path, *, on_notice: Callable[[str], None] | None = None):
-        self.path = Path(path)
+        # Absolute here, in the window's working folder: the helper runs in the install folder, and
+        # the runners, audits and studies the window starts are all given this path.
+        self.path = Path(path).absolute()
         self.on_notice = on_notice
         self.restarts = 0
         self._next_id = 0

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -209,3 +210,24 @@ def test_help_shows_the_quick_start_and_no_developer_folder(args):
     assert result.exit_code == 0
     assert "dpw run resources/examples/quickstart.toml" in result.output
     assert "../shared" not in result.output
+
+
+def test_a_relative_db_keeps_its_models_findable_from_any_folder(tmp_path):
+    """`dpw run --db rel/runs.sqlite` records the saved model by its absolute path, so `dpw export` works
+    from another folder (a relative path was stored, and the model read as missing elsewhere)."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    config = project / "tiny.toml"
+    config.write_text('name = "tiny"\ndataset = "breast-cancer"\nmodel = "logistic"\nnoise_multiplier = 1.0\n'
+                      'epochs = 1\nexpected_batch_size = 32\ndelta = 1e-4\nmembership_audit = false\n',
+                      encoding="utf-8")
+    env = {"PYTHONPATH": str(REPO)}
+    ran = subprocess.run([sys.executable, "-m", "engine.cli", "run", "tiny.toml", "--db", "rel/runs.sqlite"],
+                         capture_output=True, text=True, cwd=project, timeout=600, env={**os.environ, **env})
+    assert ran.returncode == 0, ran.stderr
+    exported = subprocess.run([sys.executable, "-m", "engine.cli", "export", "1", "--db",
+                               str(project / "rel" / "runs.sqlite"), "--out", "out"],
+                              capture_output=True, text=True, cwd=elsewhere, timeout=600, env={**os.environ, **env})
+    assert exported.returncode == 0, exported.stderr
+    assert (elsewhere / "out" / "model.safetensors").is_file()

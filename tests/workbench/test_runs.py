@@ -399,3 +399,31 @@ def test_a_run_kept_running_after_closing_is_stopped_from_a_reopened_window(wind
     finally:
         if store.get_run(run_id)["status"] == "running":
             os.kill(row["pid"], signal.SIGTERM)
+
+
+def test_a_relative_store_path_names_one_file_for_the_window_its_helpers_and_its_runners(qtbot, tmp_path, monkeypatch):
+    """`dpw gui --db runs.sqlite` from a project folder: the store helper (started in the install folder),
+    the runners and the saved model all use the project folder's file; a run started there finishes."""
+    from pathlib import Path
+
+    from workbench.app import create_app
+
+    repo = Path(__file__).resolve().parents[2]
+    before = (repo / "runs.sqlite").exists()
+    monkeypatch.chdir(tmp_path)
+    create_app()
+    window = MainWindow("runs.sqlite", probe=False)
+    qtbot.addWidget(window)
+    window.show()
+    try:
+        quick_digits(window, "relative-store")
+        run_id = start(window, qtbot)
+        qtbot.waitUntil(lambda: window.run_data[run_id].finished, timeout=RUN_TIMEOUT_MS)
+        row = Store(tmp_path / "runs.sqlite").get_run(run_id)
+        assert row["status"] == "finished", row.get("error")
+        model = Path(Store(tmp_path / "runs.sqlite").artifacts(run_id)[0]["path"])
+        assert model.is_absolute() and model.is_relative_to(tmp_path)
+        assert (repo / "runs.sqlite").exists() == before  # no second store in the install folder
+    finally:
+        window.client.shutdown(timeout_ms=10000)
+        window.close()
