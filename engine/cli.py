@@ -1083,12 +1083,23 @@ def privacy_tuning(sample_rate: float, noise_multiplier: float, steps: int, delt
 
 
 def _load_npy(path: Path, what: str):
+    """A plain .npy array from `path`, or one line saying what the file is instead (never loads pickles)."""
     import numpy as np
 
+    hint = "save it with numpy.save(path, array) from an integer or boolean array"
+    with open(path, "rb") as f:
+        head = f.read(6)
+    if not head:
+        raise UserError(f"{what} {path}: the file is empty; {hint}")
+    if head != b"\x93NUMPY":
+        raise UserError(f"{what} {path}: not a .npy file (it does not start with numpy's .npy header); {hint}")
     try:
-        return np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{what} {path}: cannot read it as a .npy array ({exc})") from None
+        array = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise UserError(f"{what} {path}: a damaged or object .npy file ({type(exc).__name__}); {hint}") from None
+    if not isinstance(array, np.ndarray):
+        raise UserError(f"{what} {path}: holds several arrays, not one; {hint}")
+    return array
 
 
 @privacy.command("pate")

@@ -359,3 +359,12 @@ def test_cli_privacy_pate_user_errors_are_one_line(tmp_path):
     np.save(tmp_path / "votes.npy", np.array([[3, 1]]))
     res = _dpw("privacy", "pate", "--votes", str(tmp_path / "votes.npy"), "--mechanism", "gnmax", "--delta", "1e-5")
     assert res.returncode != 0 and "--sigma is needed" in res.stderr
+    (tmp_path / "empty.npy").write_bytes(b"")
+    (tmp_path / "votes.toml").write_text("name = 1\n", encoding="utf-8")
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    for name, said in (("empty.npy", "the file is empty"), ("votes.toml", "not a .npy file"),
+                       ("objects.npy", "a damaged or object .npy file")):
+        res = _dpw("privacy", "pate", "--votes", str(tmp_path / name), "--mechanism", "gnmax", "--sigma", "4",
+                   "--delta", "1e-5")
+        assert res.returncode == 1 and said in res.stderr and "numpy.save" in res.stderr, res.stderr
+        assert "Aborted" not in res.stderr and "pickle" not in res.stderr and "Traceback" not in res.stderr
