@@ -710,6 +710,14 @@ def _load_idx_dataset(info: DatasetInfo, *, data_dir: Path, allow_download: bool
                 f"{y_path}: label {int(y.max())} is out of range 0..9; the file is corrupt, replace it"
             )
 
+    if len(tr_y) < len(te_y):  # MNIST-style sets have 60,000 training and 10,000 test examples
+        raise DataError(
+            f"{found[MNIST_FILES[0]]} holds {len(tr_y)} examples but the test file {found[MNIST_FILES[2]].name} "
+            f"holds {len(te_y)}: the training and test files look swapped",
+            hint=f"{info.files[0]} and {info.files[1]} are the training pair (60,000 examples), "
+            f"{info.files[2]} and {info.files[3]} the test pair (10,000)",
+        )
+
     h = hashlib.sha256(f"idx:{info.name}".encode())
     for raw in (tr_x_raw, tr_y_raw, te_x_raw, te_y_raw):
         h.update(len(raw).to_bytes(8, "little"))

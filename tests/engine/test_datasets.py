@@ -156,6 +156,16 @@ def test_fashion_mnist_reads_its_own_folder_with_clothing_class_names(tmp_path: 
         load_dataset("mnist", data_dir=tmp_path)
 
 
+def test_training_and_test_files_swapped_as_pairs_are_refused(tmp_path: Path):
+    """Each pair matches (images and labels), so only the sizes tell: a model trained on the 10,000 test
+    images and evaluated on the 60,000 training ones would be reported as if all were well."""
+    write_idx_set(tmp_path / "mnist", n_train=10, n_test=20)
+    with pytest.raises(DataError, match="look swapped") as err:
+        load_dataset("mnist", data_dir=tmp_path)
+    assert "holds 10 examples" in err.value.message and "holds 20" in err.value.message
+    assert "60,000" in err.value.hint
+
+
 def test_torchvision_raw_folder_is_accepted(tmp_path: Path):
     write_idx_set(tmp_path / "MNIST" / "raw")
     assert load_dataset("mnist", data_dir=tmp_path).num_train == 20
