@@ -87,8 +87,11 @@ def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
         }
     value, delta, accountant = eps.value, eps.delta, eps.accountant
     name = {"dpsgd": "DP-SGD", "pate": "PATE"}.get(mechanism, mechanism)
+    subject = "This model" if run.get("status") != "failed" else (
+        "This run failed before its end, and what it released (the curves and results it recorded; any saved "
+        "model) is covered by the privacy of the steps it took: it")
     statement = (
-        f"This model satisfies ({value:.4g}, {delta:.3g})-differential privacy with respect to {UNIT_OF_PRIVACY}: "
+        f"{subject} satisfies ({value:.4g}, {delta:.3g})-differential privacy with respect to {UNIT_OF_PRIVACY}: "
         f"for any two training sets that differ by adding or removing one example, the probability of any "
         f"outcome of training changes by at most a factor of e^{value:.4g} (about {_exp(value)}x), except with "
         f"probability {delta:.3g}. Mechanism: {name}; epsilon computed by the '{accountant}' accountant."
@@ -104,7 +107,8 @@ def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
         statement = (f"{NO_GUARANTEE_STATEMENT} (reproducible_noise = true, a debugging setting): anyone who "
                      f"knows the seed can rebuild every noise draw and sampled batch and remove them. The "
                      f"accountant's figure below would hold only for secret noise. " + statement.replace(
-                         "This model satisfies", "With secret noise, this model would satisfy", 1))
+                         f"{subject} satisfies", f"With secret noise, {subject[0].lower() + subject[1:]} would "
+                         "satisfy", 1))
     out = {
         "mechanism": mechanism,
         "epsilon": value,

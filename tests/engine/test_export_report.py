@@ -107,6 +107,19 @@ def test_a_run_without_a_model_cannot_be_exported(runs, tmp_path):
         load_trained_model(store, run_id)
 
 
+def test_the_guarantee_of_a_failed_run_speaks_of_what_it_released_not_of_a_model(runs):
+    """A run killed mid-training keeps the privacy of the steps it took; its report must not call it a model."""
+    from engine.report import privacy_statement
+
+    store, _ = runs
+    run_id = store.create_run(RunConfig(name="killed", dataset="digits", noise_multiplier=1.0))
+    store.update_run(run_id, status="failed", error="the runner process was killed", epsilon=2.936, delta=1e-4,
+                     accountant="pld", summary={"randomness": {"privacy_noise": "secret", "noise_sampler": "standard"}})
+    statement = privacy_statement(store.get_run(run_id))["statement"]
+    assert statement.startswith("This run failed before its end") and "This model" not in statement
+    assert "(2.936, 0.0001)-differential privacy" in statement
+
+
 def test_a_changed_model_file_is_detected(runs, tmp_path):
     store, _ = runs
     run_id, _ = train_in_store(store, name="tamper", dataset="digits", noise_multiplier=1.0,
