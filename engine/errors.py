@@ -56,6 +56,19 @@ def recover_hint(path: object) -> str:
             f"then use --db recovered.sqlite")
 
 
+def _disk_full(store_path: object) -> bool:
+    """Whether the file system that holds `store_path` has (almost) no space left."""
+    import shutil
+    from pathlib import Path
+
+    if store_path is None:
+        return False
+    try:
+        return shutil.disk_usage(Path(str(store_path)).absolute().parent).free < 64 * 1024
+    except OSError:
+        return False
+
+
 def explain(exc: BaseException, *, store_path: object = None) -> tuple[str, str | None, bool]:
     """(message, hint, is_bug) of an exception for a person. What is the user's situation (full
     disk, a locked, read-only or damaged store, a path that is a file) is never called a bug."""
@@ -80,6 +93,10 @@ def explain(exc: BaseException, *, store_path: object = None) -> tuple[str, str 
                     "reading works; to add or change runs make the file and its folder writable", False)
         if "malformed" in lowered or "not a database" in lowered or "corrupt" in lowered:
             return f"{store} is damaged (SQLite: {text})", recover_hint(store), False
+        if ("unable to open" in lowered or "disk i/o" in lowered) and _disk_full(store_path):
+            # Opening a WAL store writes its -wal and -shm files: on a full disk even a read fails so.
+            return (f"the disk holding {store} is full (SQLite: {text})",
+                    "free some space and try again; the store itself is intact", False)
         if "unable to open" in lowered or "disk i/o" in lowered:
             return (f"cannot use {store} (SQLite: {text})",
                     "check that the file and its folder exist and are readable (and writable to add runs)", False)

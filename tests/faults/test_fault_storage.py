@@ -137,3 +137,37 @@ def test_a_store_first_opened_on_a_full_disk_is_refused_in_one_line_and_opens_on
         assert Store(db).schema_version == SCHEMA_VERSION
     finally:
         subprocess.run(["umount", "-l", disk], capture_output=True)
+
+
+def test_a_full_disk_under_an_existing_store_is_named_as_such_and_leaves_it_intact(tmp_path):
+    """An existing store whose disk then fills up (a real 200 KB tmpfs, else skipped): opening it needs its
+    -wal and -shm files, so even `dpw list` fails; both it and `dpw run` say the disk is full (was "disk I/O
+    error ... check that the file exists"), and once there is room the store is as it was."""
+    import subprocess
+
+    import pytest
+
+    disk = tmp_path / "small-disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", disk], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root with mount rights")
+    try:
+        db = disk / "runs.sqlite"
+        assert dpw("list", "--db", db).returncode == 0  # created while there was room
+        filler = disk / "filler"
+        with open(filler, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError:
+                pass  # the disk is full
+        config = write_toml(tmp_path / "digits.toml", DIGITS)
+        for args in (("list", "--db", db), ("run", config, "--db", db)):
+            refused = dpw(*args)
+            assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+            assert "disk holding" in refused.stderr and "is full" in refused.stderr, refused.stderr
+        filler.unlink()
+        listed = dpw("list", "--db", db)
+        assert listed.returncode == 0 and "no runs yet" in listed.stdout, listed.stderr
+    finally:
+        subprocess.run(["umount", "-l", disk], capture_output=True)
