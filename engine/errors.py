@@ -29,6 +29,10 @@ class DataError(DPWError):
     """A dataset cannot be found, read or used (missing files, corrupt file, wrong shapes)."""
 
 
+class ExportFilesExist(DPWError):
+    """An export folder already holds files of the names an export writes (never overwritten unasked)."""
+
+
 class ModelError(DPWError):
     """A model cannot be built or cannot be trained with differential privacy."""
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.errors import DPWError
+from engine.errors import DPWError, ExportFilesExist
 from engine.runner import sha256_of
 from engine.store import Store
 
@@ -176,8 +176,8 @@ def export_run(store: Store, run_ref: str | int, out_dir: str | Path, *, kind: s
     out = Path(out_dir)
     existing = [name for name in EXPORT_FILES if (out / name).exists()]
     if existing and not force:
-        raise DPWError(f"{out} already holds {', '.join(existing)}; nothing was written",
-                       hint="choose another --out folder, or add --force to replace them")
+        raise ExportFilesExist(f"{out} already holds {', '.join(existing)}; nothing was written",
+                               hint="choose another --out folder, or add --force to replace them")
     out.mkdir(parents=True, exist_ok=True)
     wrapped = trained.raw_input_model()
     # A fixed public example (it is saved in model.pt2 as the program's sample input): exports of one run

@@ -79,10 +79,10 @@ def _remove_run(store: Store, run_id: int) -> dict[str, Any]:
     return remove_run(store, run_id)
 
 
-def _export_run(store: Store, run_ref: Any, out_dir: str, kind: str = "model") -> dict[str, str]:
+def _export_run(store: Store, run_ref: Any, out_dir: str, kind: str = "model", force: bool = False) -> dict[str, str]:
     from engine.export import export_run
 
-    return export_run(store, run_ref, out_dir, kind=kind)
+    return export_run(store, run_ref, out_dir, kind=kind, force=force)
 
 
 def _build_report(store: Store, run_ref: Any, **options: Any) -> dict[str, Any]:

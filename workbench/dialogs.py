@@ -16,13 +16,14 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QMessageBox,
     QPushButton,
     QTextBrowser,
     QVBoxLayout,
     QWidget,
 )
 
-from engine.errors import DPWError
+from engine.errors import DPWError, ExportFilesExist
 from workbench.store_client import StoreClient
 
 
@@ -106,14 +107,14 @@ class ExportDialog(QDialog):
         if path:
             self.folder.setText(path)
 
-    def export(self) -> None:
+    def export(self, *, replace: bool = False) -> None:
         kind, out = self.kind.currentData(), self.folder.text().strip()
         run_id, db = self.run["id"], self.store_path
 
         def work() -> dict[str, str]:
             # A store helper of this export's own (this process never opens the store file).
             with StoreClient(db) as store:
-                return store.export_run(run_id, out, kind=kind)
+                return store.export_run(run_id, out, kind=kind, force=replace)
 
         self.export_button.setEnabled(False)
         self.result_label.setText("Exporting…")
@@ -127,9 +128,25 @@ class ExportDialog(QDialog):
         self.result_label.setText(f"Exported to {self.folder.text()}:<ul>{lines}</ul>")
 
     def _failed(self, exc: BaseException) -> None:
-        self.outcome = "error"
         self.export_button.setEnabled(True)
-        self.result_label.setText("<b style='color:#d62728'>Not exported:</b> " + describe_error(exc).replace("\n", "<br>"))
+        if isinstance(exc, ExportFilesExist) and self.ask_to_replace(exc.message):
+            self.export(replace=True)
+            return
+        self.outcome = "error"
+        text = (f"{exc.message}; choose another folder, or export again and replace them"
+                if isinstance(exc, ExportFilesExist) else describe_error(exc).replace("\n", "<br>"))
+        self.result_label.setText("<b style='color:#d62728'>Not exported:</b> " + text)
+
+    def ask_to_replace(self, message: str) -> bool:
+        """The folder already holds an export: replace its files (the window's `dpw export --force`)?"""
+        box = QMessageBox(QMessageBox.Icon.Question, "Replace the exported files?", message[0].upper() + message[1:] + ".",
+                          parent=self)
+        box.setObjectName("replaceExportDialog")
+        box.setInformativeText("Replace them with this run's export, or choose another folder.")
+        replace = box.addButton("Replace", QMessageBox.ButtonRole.DestructiveRole)
+        box.addButton("Choose another folder", QMessageBox.ButtonRole.RejectRole)
+        box.exec()
+        return box.clickedButton() is replace
 
 
 class ReportDialog(QDialog):

@@ -41,6 +41,15 @@ class RemoteError(Exception):
         self.kind = kind
 
 
+def user_error_class(name: str | None) -> type[DPWError]:
+    """The engine.errors class a helper's user error was raised as (a caller may act on its kind, e.g.
+    offer to replace an export's files), or DPWError."""
+    import engine.errors
+
+    found = getattr(engine.errors, name or "", None)
+    return found if isinstance(found, type) and issubclass(found, DPWError) else DPWError
+
+
 class StoreClient:
     def __init__(self, path: str | Path, *, on_notice: Callable[[str], None] | None = None):
         # Absolute here, in the window's working folder: the helper runs in the install folder, and
@@ -175,7 +184,7 @@ class StoreClient:
         if error is None:
             return reply.get("result")
         if error.get("user_error"):
-            raise DPWError(error["message"], hint=error.get("hint"))
+            raise user_error_class(error.get("type"))(error["message"], hint=error.get("hint"))
         raise RemoteError(error["type"], error["message"])
 
     # ---- the Store methods the workbench uses -------------------------------------------------
@@ -230,8 +239,9 @@ class StoreClient:
         """Delete a run and its saved files (engine.runner.remove_run)."""
         return self.call("remove_run", run_id)
 
-    def export_run(self, run_ref: str | int, out_dir: str | Path, *, kind: str = "model") -> dict[str, str]:
-        return self.call("export_run", run_ref, str(out_dir), kind=kind, timeout=None)
+    def export_run(self, run_ref: str | int, out_dir: str | Path, *, kind: str = "model",
+                   force: bool = False) -> dict[str, str]:
+        return self.call("export_run", run_ref, str(out_dir), kind=kind, force=force, timeout=None)
 
     def build_report(self, run_ref: str | int) -> dict[str, Any]:
         """{"report": the report, "html": it rendered}."""

@@ -107,6 +107,42 @@ def test_student_export_writes_the_model_files(pate_window_and_run, qtbot, tmp_p
     dialog.close()
 
 
+def test_exporting_into_a_folder_that_holds_an_export_asks_before_replacing_it(pate_window_and_run, qtbot, tmp_path):
+    """The window's `dpw export --force`: the files already there are replaced only when the person says so."""
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    window, run_id = pate_window_and_run
+    window.select_run(run_id)
+    out = tmp_path / "again"
+    out.mkdir()
+    (out / "model_card.json").write_text("{}", encoding="utf-8")
+    asked = []
+
+    def answer(button: str) -> None:
+        box = QApplication.activeModalWidget()
+        if not isinstance(box, QMessageBox):
+            QTimer.singleShot(50, lambda: answer(button))
+            return
+        asked.append(box.text())
+        next(b for b in box.buttons() if b.text() == button).click()
+
+    for button, outcome in (("Choose another folder", "error"), ("Replace", "ok")):
+        dialog = window.export_run()
+        dialog.folder.setText(str(out))
+        QTimer.singleShot(50, lambda b=button: answer(b))
+        dialog.export()
+        qtbot.waitUntil(lambda: dialog.outcome is not None, timeout=90000)
+        assert dialog.outcome == outcome, dialog.result_label.text()
+        if outcome == "error":
+            assert "already holds model_card.json" in dialog.result_label.text()
+            assert (out / "model_card.json").read_text(encoding="utf-8") == "{}"  # untouched
+        dialog.close()
+    assert len(asked) == 2 and all("already holds model_card.json" in text for text in asked)
+    assert json.loads((out / "model_card.json").read_text())["mechanism"] == "pate"
+    assert (out / "model.safetensors").is_file()
+
+
 def test_report_preview_and_save(pate_window_and_run, qtbot, tmp_path):
     window, run_id = pate_window_and_run
     window.select_run(run_id)
