@@ -319,7 +319,10 @@ def _render_runner(proc: subprocess.Popen, run_id: int, *, as_json: bool, store)
 
 
 class ProgressDisplay:
-    """A progress bar on stderr, labelled with the live epsilon and the last test accuracy."""
+    """A progress bar on stderr, labelled with the epsilon the run reports and the last test accuracy.
+    The epsilon is the plan's accountant's latest (as the window's runs list shows it): DP-SGD also
+    streams a looser live RDP bound every step, which would alternate with it, and can read above a
+    target the reported accountant meets."""
 
     PHASES = {"loading": "loading", "training": "training", "teachers": "teachers", "querying": "queries",
               "student": "student"}
@@ -329,6 +332,7 @@ class ProgressDisplay:
         self.phase: str | None = None
         self.done = 0
         self.epsilon: float | None = None
+        self.accountant: str | None = None  # the plan's: the one the run reports
         self.accuracy: float | None = None
 
     def _label(self) -> str:
@@ -341,6 +345,8 @@ class ProgressDisplay:
 
     def handle(self, event: dict[str, Any]) -> None:
         kind = event["type"]
+        if kind == "plan":
+            self.accountant = event.get("accountant")
         if kind == "plan" and event.get("mechanism") == "pate":
             click.echo(
                 f"run {event['run_id']}: {event['num_train']} private training examples, {event['num_teachers']} "
@@ -366,7 +372,7 @@ class ProgressDisplay:
                 self.bar.__enter__()
             self.bar.update(event["done"] - self.done, current_item=self._label())
             self.done = event["done"]
-        elif kind == "privacy":
+        elif kind == "privacy" and (self.accountant is None or event.get("accountant") == self.accountant):
             self.epsilon = event["epsilon"]
         elif kind == "metric" and event["name"] == "test_accuracy":
             self.accuracy = event["value"]

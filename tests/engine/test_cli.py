@@ -231,3 +231,26 @@ def test_a_relative_db_keeps_its_models_findable_from_any_folder(tmp_path):
                               capture_output=True, text=True, cwd=elsewhere, timeout=600, env={**os.environ, **env})
     assert exported.returncode == 0, exported.stderr
     assert (elsewhere / "out" / "model.safetensors").is_file()
+
+
+def test_the_progress_bar_shows_the_epsilon_the_run_reports_not_the_live_bound():
+    """DP-SGD streams a looser live RDP bound every step besides its reported accountant (here pld), and PATE
+    its data-dependent epsilon (not publishable) besides the data-independent one: the bar shows only the
+    plan's accountant, so it never reads above a target the run meets, nor a number not to publish."""
+    from engine.cli import ProgressDisplay
+
+    bar = ProgressDisplay()
+    bar.handle({"type": "plan", "run_id": 1, "num_train": 10, "model": "mlp", "device": "cpu", "steps": 3,
+                "sample_rate": 0.1, "noise_multiplier": 1.0, "accountant": "pld"})
+    bar.handle({"type": "privacy", "step": 1, "epsilon": 1.119, "delta": 1e-5, "accountant": "rdp"})
+    assert bar.epsilon is None
+    bar.handle({"type": "privacy", "step": 1, "epsilon": 0.98, "delta": 1e-5, "accountant": "pld"})
+    bar.handle({"type": "privacy", "step": 2, "epsilon": 1.2, "delta": 1e-5, "accountant": "rdp"})
+    assert bar.epsilon == 0.98 and bar._label() == "ε=0.980"
+    pate = ProgressDisplay()
+    pate.handle({"type": "plan", "accountant": "pate-di", "mechanism": "pate", "run_id": 2, "num_train": 10,
+                 "num_teachers": 5, "teacher_model": "mlp", "shard_size": 2, "aggregator": "gnmax", "steps": 9,
+                 "model": "mlp", "device": "cpu"})
+    pate.handle({"type": "privacy", "step": 9, "epsilon": 3.0, "delta": 1e-5, "accountant": "pate-di"})
+    pate.handle({"type": "privacy", "step": 9, "epsilon": 0.4, "delta": 1e-5, "accountant": "pate-dd"})
+    assert pate.epsilon == 3.0
