@@ -211,4 +211,7 @@ def export_run(store: Store, run_ref: str | int, out_dir: str | Path, *, kind: s
     card = model_card(trained, files, plan)
     (out / "model_card.json").write_text(json.dumps(card, indent=2, default=str), encoding="utf-8")
     files["model_card.json"] = sha256_of(out / "model_card.json")
+    # safetensors creates its file readable by its owner alone (0600); give it the others' mode (the
+    # user's umask), so whoever may read the model card may read the weights it describes.
+    (out / "model.safetensors").chmod((out / "model_card.json").stat().st_mode & 0o777)
     return files

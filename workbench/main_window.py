@@ -41,6 +41,13 @@ from workbench.store_client import StoreClient
 from workbench.setup_form import SetupForm
 
 ICON_PATH = Path(__file__).resolve().parents[1] / "resources" / "icons" / "dp-workbench.svg"
+EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "resources" / "examples"
+
+
+def first_config_folder() -> Path:
+    """Where the first Open config / Study dialog starts, before a folder is remembered: the bundled
+    examples (runs and studies to start from), else the working folder."""
+    return EXAMPLES_DIR if EXAMPLES_DIR.is_dir() else Path.cwd()
 VOTES_REFRESH_MS = 500
 LIST_REFRESH_MS = 1500
 TOML_FILTER = "Run configs (*.toml)"
@@ -738,7 +745,7 @@ class MainWindow(QMainWindow):
         """(path, what `load` read from it): the file chosen in a dialog opened in the folder remembered
         under `folder_key` when no `path` is given; (path, None) when cancelled or unreadable (said why)."""
         if path is None:
-            start = self.settings.text(folder_key, str(Path.cwd()))
+            start = self.settings.text(folder_key, str(first_config_folder()))
             path, _ = QFileDialog.getOpenFileName(self, title, start, file_filter)
             if not path:
                 return None, None

@@ -64,6 +64,8 @@ def test_every_export_reproduces_the_engine_predictions(runs, tmp_path, which):
     engine_pred = predict(prepared.model, prepared.data.x_test)
     files = export_run(store, run_id, tmp_path)
     assert set(files) == {"model.safetensors", "model.pt2", "model.onnx", "model_card.json"}
+    modes = {name: (tmp_path / name).stat().st_mode & 0o777 for name in files}
+    assert len(set(modes.values())) == 1, modes  # the weights as readable as their card (was 0600)
     raw = raw_inputs(prepared)
 
     from safetensors.torch import load_file

@@ -164,3 +164,24 @@ def test_quitting_with_a_running_study_asks_first_and_cancel_keeps_it_going(wind
     store = Store(db_path)
     row = store.get_study(store.get_run(first.args[0])["study_id"])
     assert row["status"] == "stopped" and row["released_run_id"] is None
+
+
+def test_the_first_open_dialogs_start_in_the_bundled_examples_then_in_the_last_folder(window, tmp_path, monkeypatch):
+    """A newcomer's first File > Open config (or Study) starts where the example configs are; later ones
+    where the last file was opened from."""
+    from PySide6.QtWidgets import QFileDialog
+
+    from workbench.main_window import EXAMPLES_DIR
+
+    started = []
+    chosen = iter(["", str(EXAMPLES_DIR / "quickstart.toml"), ""])
+    monkeypatch.setattr(QFileDialog, "getOpenFileName",
+                        lambda parent, title, start, filter: (started.append(start), (next(chosen), ""))[1])
+    assert window.open_config() is False  # cancelled
+    assert window.open_config() is True
+    copy = tmp_path / "mine.toml"
+    copy.write_text((EXAMPLES_DIR / "quickstart.toml").read_text(encoding="utf-8"), encoding="utf-8")
+    window.open_config(str(copy))  # opened by path (e.g. from a recent file): remembered too
+    window.open_config()
+    assert started == [str(EXAMPLES_DIR), str(EXAMPLES_DIR), str(tmp_path)]
+    assert (EXAMPLES_DIR / "study-digits.toml").is_file()  # the study dialog's first folder holds studies too
