@@ -831,10 +831,22 @@ def audit(run_ref: str, db: Path | None, data_dir: Path | None, examples: int, s
 
     Example: dpw audit 3 --json
     """
-    from engine.audit_run import audit_run
+    from engine.audit_run import audit_run, kept_or_new_audit
+    from engine.errors import DataError
 
-    result = audit_run(open_store(db), run_ref, examples=examples, seed=seed, bootstrap=bootstrap,
-                       data_dir=str(data_dir) if data_dir is not None else None)
+    store = open_store(db)
+    try:
+        result = audit_run(store, run_ref, examples=examples, seed=seed, bootstrap=bootstrap,
+                           data_dir=str(data_dir) if data_dir is not None else None)
+    except DataError as exc:  # the data is gone or changed: the audit kept with the run, if there is one
+        run = store.find_run(run_ref)
+        if not (run.get("summary") or {}).get("membership_audit"):
+            raise
+        kept = kept_or_new_audit(store, run)
+        click.echo(f"note: {exc.message}; showing the audit kept with run {run['id']} (computed {kept['computed']})",
+                   err=True)
+        _echo_kept_audit(kept, as_json)
+        return
     mia = result.mia
     if as_json:
         click.echo(json.dumps(result.to_json()))
@@ -851,13 +863,41 @@ def audit(run_ref: str, db: Path | None, data_dir: Path | None, examples: int, s
             click.echo(f"  TPR at FPR {_percent(fpr):<5} {100 * tpr:.3g}%  [{100 * lo:.3g}%, {100 * hi:.3g}%]")
         if mia.theory is not None and not mia.theory.above_theory:
             click.echo(f"  theory check     {mia.theory.message}")
-        canaries = result.canaries
-        click.echo("  canary audit     " + ("none (the run had no audit_canaries)" if canaries is None else
-                   f"epsilon >= {canaries['epsilon_lower_bound']:.3g} at delta {canaries['delta']:g} "
-                   f"({100 * canaries['confidence']:g}% confidence; {canaries['correct']} of {canaries['guesses']} "
-                   f"guesses right, {canaries['count']} {canaries['kind']} canaries)"))
+        click.echo("  canary audit     " + _canary_text(result.canaries))
     if mia.theory is not None and mia.theory.above_theory:
         click.echo(f"WARNING: {mia.theory.message}", err=True)
+
+
+def _echo_kept_audit(kept: dict[str, Any], as_json: bool) -> None:
+    """`dpw audit`'s output from the audit kept with a run (engine.audit_job), when its data is gone."""
+    if as_json:
+        click.echo(json.dumps({**kept, "kept": True}))
+        return
+    mia = kept["mia"]
+    click.echo(f"run {kept['run']}: membership-inference audit kept with the run (loss attack; computed from "
+               f"private data on {kept['computed']})")
+    click.echo(f"  examples         {mia['members']} members ({kept['members']}), {mia['nonmembers']} non-members "
+               f"({kept['nonmembers']})")
+    lo, hi = mia["auc_interval"]
+    click.echo(f"  AUC              {mia['auc']:.4f}  [{lo:.4f}, {hi:.4f}] ({100 * mia['confidence']:g}%)")
+    for fpr, tpr in sorted(mia["tpr_at_fpr"].items(), key=lambda item: -float(item[0])):
+        lo, hi = mia["tpr_interval"][fpr]
+        click.echo(f"  TPR at FPR {_percent(float(fpr)):<5} {100 * tpr:.3g}%  [{100 * lo:.3g}%, {100 * hi:.3g}%]")
+    theory = mia.get("theory")
+    if theory and not theory.get("above_theory"):
+        click.echo(f"  theory check     {theory['message']}")
+    click.echo("  canary audit     " + _canary_text(kept.get("canaries")))
+    if theory and theory.get("above_theory"):
+        click.echo(f"WARNING: {theory['message']}", err=True)
+
+
+def _canary_text(canaries: dict[str, Any] | None) -> str:
+    """The one-run canary audit a run recorded, in one line for `dpw audit`."""
+    if canaries is None:
+        return "none (the run had no audit_canaries)"
+    return (f"epsilon >= {canaries['epsilon_lower_bound']:.3g} at delta {canaries['delta']:g} "
+            f"({100 * canaries['confidence']:g}% confidence; {canaries['correct']} of {canaries['guesses']} "
+            f"guesses right, {canaries['count']} {canaries['kind']} canaries)")
 
 
 # ---- window ------------------------------------------------------------------------------------

@@ -97,3 +97,42 @@ def test_every_finished_run_is_audited_by_its_own_runner_unless_its_config_says_
     assert "membership " not in outputs["not-audited"]
     assert audited["config_hash"] == skipped["config_hash"]  # the same training, audited or not
     assert json.dumps(kept)  # plain JSON, as the Audit tab reads it
+
+
+def test_dpw_audit_shows_the_kept_audit_when_the_runs_data_is_gone(tmp_path):
+    """The data files moved away: `dpw audit` says so and shows the audit the runner kept (the numbers the
+    Audit tab showed), in text and JSON; a run with no kept audit still gets the one-line data error."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from engine.cli import cli
+
+    repo = Path(__file__).resolve().parents[2]
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 2))
+    csv = tmp_path / "cohort.csv"
+    csv.write_text("a,b,label\n" + "".join(f"{r[0]:.4f},{r[1]:.4f},{int(r[0] > 0)}\n" for r in x), encoding="utf-8")
+    db = tmp_path / "runs.sqlite"
+    for name, extra in (("kept", ""), ("not-kept", "membership_audit = false\n")):
+        config = tmp_path / f"{name}.toml"
+        config.write_text(f'name = "{name}"\ndataset = "{csv}"\nlabel_column = "label"\nmodel = "logistic"\n'
+                          f'noise_multiplier = 1.0\nepochs = 2\nexpected_batch_size = 32\ndelta = 1e-4\n{extra}',
+                          encoding="utf-8")
+        ran = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(config), "--db", str(db)],
+                             capture_output=True, text=True, cwd=repo, timeout=600)
+        assert ran.returncode == 0, ran.stderr
+    kept = Store(db).get_run(1)["summary"]["membership_audit"]
+    csv.rename(tmp_path / "moved.csv")
+    shown = CliRunner().invoke(cli, ["audit", "1", "--db", str(db)])
+    assert shown.exit_code == 0, shown.output
+    assert "showing the audit kept with run 1" in shown.output and f"AUC              {kept['mia']['auc']:.4f}" in \
+        shown.output
+    as_json = CliRunner().invoke(cli, ["audit", "1", "--db", str(db), "--json"])
+    body = json.loads(as_json.stdout)
+    assert body["kept"] is True and body["mia"]["auc"] == kept["mia"]["auc"] and body["canaries"] is None
+    missing = CliRunner().invoke(cli, ["audit", "2", "--db", str(db)])
+    assert missing.exit_code == 1 and "cohort.csv" in missing.output and "Traceback" not in missing.output
