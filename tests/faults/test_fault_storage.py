@@ -6,7 +6,10 @@ store usable again once the cause is gone."""
 from __future__ import annotations
 
 import sqlite3
+import subprocess
 import textwrap
+
+import pytest
 
 from fault_helpers import DIGITS, check_ledger, dpw, read_events, snapshot, start, store_with_history, write_toml
 
@@ -112,62 +115,53 @@ def test_four_dpw_run_at_once_on_one_store_all_train(tmp_path):
     assert snapshot(db, [1, 2]) == before
 
 
-def test_a_store_first_opened_on_a_full_disk_is_refused_in_one_line_and_opens_once_there_is_room(tmp_path):
-    """A real full file system (a 200 KB tmpfs; needs the right to mount, else skipped): the schema
-    creation fails as a whole, and the same path works once space is freed."""
-    import subprocess
-
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 200 KB file system (a tmpfs): mounting needs root with mount rights, else the test is skipped."""
     disk = tmp_path / "small-disk"
     disk.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", disk], capture_output=True).returncode:
-        import pytest
-
         pytest.skip("mounting a small tmpfs needs root with mount rights")
     try:
-        filler = disk / "filler"
-        with open(filler, "wb") as f:  # leave about 60 KB: too little for a new store's first transaction
-            f.write(b"\0" * (140 * 1024))
-        db = disk / "runs.sqlite"
-        refused = dpw("list", "--db", db)
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", disk], capture_output=True)
+
+
+def test_a_store_first_opened_on_a_full_disk_is_refused_in_one_line_and_opens_once_there_is_room(small_disk):
+    """A real full file system (small_disk): the schema creation fails as a whole, and the same path works
+    once space is freed."""
+    filler = small_disk / "filler"
+    with open(filler, "wb") as f:  # leave about 60 KB: too little for a new store's first transaction
+        f.write(b"\0" * (140 * 1024))
+    db = small_disk / "runs.sqlite"
+    refused = dpw("list", "--db", db)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+    assert "full" in refused.stderr and "bug" not in refused.stderr
+    filler.unlink()
+    listed = dpw("list", "--db", db)
+    assert listed.returncode == 0 and "no runs yet" in listed.stdout, listed.stderr
+    assert Store(db).schema_version == SCHEMA_VERSION
+
+
+def test_a_full_disk_under_an_existing_store_is_named_as_such_and_leaves_it_intact(small_disk, tmp_path):
+    """An existing store whose disk then fills up (small_disk): opening it needs its -wal and -shm files, so
+    even `dpw list` fails; both it and `dpw run` say the disk is full (was "disk I/O error ... check that the
+    file exists"), and once there is room the store is as it was."""
+    db = small_disk / "runs.sqlite"
+    assert dpw("list", "--db", db).returncode == 0  # created while there was room
+    filler = small_disk / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass  # the disk is full
+    config = write_toml(tmp_path / "digits.toml", DIGITS)
+    for args in (("list", "--db", db), ("run", config, "--db", db)):
+        refused = dpw(*args)
         assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
-        assert "full" in refused.stderr and "bug" not in refused.stderr
-        filler.unlink()
-        listed = dpw("list", "--db", db)
-        assert listed.returncode == 0 and "no runs yet" in listed.stdout, listed.stderr
-        assert Store(db).schema_version == SCHEMA_VERSION
-    finally:
-        subprocess.run(["umount", "-l", disk], capture_output=True)
-
-
-def test_a_full_disk_under_an_existing_store_is_named_as_such_and_leaves_it_intact(tmp_path):
-    """An existing store whose disk then fills up (a real 200 KB tmpfs, else skipped): opening it needs its
-    -wal and -shm files, so even `dpw list` fails; both it and `dpw run` say the disk is full (was "disk I/O
-    error ... check that the file exists"), and once there is room the store is as it was."""
-    import subprocess
-
-    import pytest
-
-    disk = tmp_path / "small-disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", disk], capture_output=True).returncode:
-        pytest.skip("mounting a small tmpfs needs root with mount rights")
-    try:
-        db = disk / "runs.sqlite"
-        assert dpw("list", "--db", db).returncode == 0  # created while there was room
-        filler = disk / "filler"
-        with open(filler, "wb", buffering=0) as f:
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-            except OSError:
-                pass  # the disk is full
-        config = write_toml(tmp_path / "digits.toml", DIGITS)
-        for args in (("list", "--db", db), ("run", config, "--db", db)):
-            refused = dpw(*args)
-            assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
-            assert "disk holding" in refused.stderr and "is full" in refused.stderr, refused.stderr
-        filler.unlink()
-        listed = dpw("list", "--db", db)
-        assert listed.returncode == 0 and "no runs yet" in listed.stdout, listed.stderr
-    finally:
-        subprocess.run(["umount", "-l", disk], capture_output=True)
+        assert "disk holding" in refused.stderr and "is full" in refused.stderr, refused.stderr
+    filler.unlink()
+    listed = dpw("list", "--db", db)
+    assert listed.returncode == 0 and "no runs yet" in listed.stdout, listed.stderr
