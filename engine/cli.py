@@ -831,6 +831,7 @@ def audit(run_ref: str, db: Path | None, data_dir: Path | None, examples: int, s
 
     Example: dpw audit 3 --json
     """
+    from engine.audit_job import MEMBERSHIP_AUDIT_KEY
     from engine.audit_run import audit_run, kept_or_new_audit
     from engine.errors import DataError
 
@@ -840,54 +841,46 @@ def audit(run_ref: str, db: Path | None, data_dir: Path | None, examples: int, s
                            data_dir=str(data_dir) if data_dir is not None else None)
     except DataError as exc:  # the data is gone or changed: the audit kept with the run, if there is one
         run = store.find_run(run_ref)
-        if not (run.get("summary") or {}).get("membership_audit"):
+        if not (run.get("summary") or {}).get(MEMBERSHIP_AUDIT_KEY):
             raise
         kept = kept_or_new_audit(store, run)
         click.echo(f"note: {exc.message}; showing the audit kept with run {run['id']} (computed {kept['computed']})",
                    err=True)
         _echo_kept_audit(kept, as_json)
         return
-    mia = result.mia
-    if as_json:
-        click.echo(json.dumps(result.to_json()))
-    else:
-        eps = f"{result.epsilon:.4g} at delta {result.delta:g}" if result.epsilon is not None else "none"
-        click.echo(f"run {result.run_id}: membership-inference audit (loss attack; computed from private data)")
-        click.echo(f"  epsilon          {eps}" + ("" if result.guarantee else " (no guarantee)"))
-        click.echo(f"  examples         {mia.members} members ({result.members_from}), {mia.nonmembers} "
-                   f"non-members ({result.nonmembers_from})")
-        level = f"{100 * mia.confidence:g}%"
-        click.echo(f"  AUC              {mia.auc:.4f}  [{mia.auc_interval[0]:.4f}, {mia.auc_interval[1]:.4f}] ({level})")
-        for fpr, tpr in mia.tpr_at_fpr.items():
-            lo, hi = mia.tpr_interval[fpr]
-            click.echo(f"  TPR at FPR {_percent(fpr):<5} {100 * tpr:.3g}%  [{100 * lo:.3g}%, {100 * hi:.3g}%]")
-        if mia.theory is not None and not mia.theory.above_theory:
-            click.echo(f"  theory check     {mia.theory.message}")
-        click.echo("  canary audit     " + _canary_text(result.canaries))
-    if mia.theory is not None and mia.theory.above_theory:
-        click.echo(f"WARNING: {mia.theory.message}", err=True)
+    _echo_audit(result.to_json(), as_json,
+                f"run {result.run_id}: membership-inference audit (loss attack; computed from private data)")
 
 
 def _echo_kept_audit(kept: dict[str, Any], as_json: bool) -> None:
     """`dpw audit`'s output from the audit kept with a run (engine.audit_job), when its data is gone."""
-    if as_json:
-        click.echo(json.dumps({**kept, "kept": True}))
-        return
-    mia = kept["mia"]
-    click.echo(f"run {kept['run']}: membership-inference audit kept with the run (loss attack; computed from "
-               f"private data on {kept['computed']})")
-    click.echo(f"  examples         {mia['members']} members ({kept['members']}), {mia['nonmembers']} non-members "
-               f"({kept['nonmembers']})")
-    lo, hi = mia["auc_interval"]
-    click.echo(f"  AUC              {mia['auc']:.4f}  [{lo:.4f}, {hi:.4f}] ({100 * mia['confidence']:g}%)")
-    for fpr, tpr in sorted(mia["tpr_at_fpr"].items(), key=lambda item: -float(item[0])):
-        lo, hi = mia["tpr_interval"][fpr]
-        click.echo(f"  TPR at FPR {_percent(float(fpr)):<5} {100 * tpr:.3g}%  [{100 * lo:.3g}%, {100 * hi:.3g}%]")
+    _echo_audit({**kept, "kept": True}, as_json,
+                f"run {kept['run']}: membership-inference audit kept with the run (loss attack; computed from "
+                f"private data on {kept['computed']})")
+
+
+def _echo_audit(body: dict[str, Any], as_json: bool, heading: str) -> None:
+    """Print a `dpw audit --json` object (computed now or kept with the run) as JSON or as text; a ROC
+    above the guarantee's curve is also a warning on stderr."""
+    mia = body["mia"]
     theory = mia.get("theory")
-    if theory and not theory.get("above_theory"):
-        click.echo(f"  theory check     {theory['message']}")
-    click.echo("  canary audit     " + _canary_text(kept.get("canaries")))
-    if theory and theory.get("above_theory"):
+    if as_json:
+        click.echo(json.dumps(body))
+    else:
+        eps = f"{body['epsilon']:.4g} at delta {body['delta']:g}" if body.get("epsilon") is not None else "none"
+        click.echo(heading)
+        click.echo(f"  epsilon          {eps}" + ("" if body.get("guarantee") else " (no guarantee)"))
+        click.echo(f"  examples         {mia['members']} members ({body['members']}), {mia['nonmembers']} "
+                   f"non-members ({body['nonmembers']})")
+        lo, hi = mia["auc_interval"]
+        click.echo(f"  AUC              {mia['auc']:.4f}  [{lo:.4f}, {hi:.4f}] ({100 * mia['confidence']:g}%)")
+        for fpr, tpr in sorted(mia["tpr_at_fpr"].items(), key=lambda item: -float(item[0])):
+            lo, hi = mia["tpr_interval"][fpr]
+            click.echo(f"  TPR at FPR {_percent(float(fpr)):<5} {100 * tpr:.3g}%  [{100 * lo:.3g}%, {100 * hi:.3g}%]")
+        if theory and not theory["above_theory"]:
+            click.echo(f"  theory check     {theory['message']}")
+        click.echo("  canary audit     " + _canary_text(body.get("canaries")))
+    if theory and theory["above_theory"]:
         click.echo(f"WARNING: {theory['message']}", err=True)
 
 
