@@ -89,7 +89,7 @@ class StoreClient:
             detail = error["message"] if error else self._stderr_tail()
             self._stop()
             if error and error.get("user_error"):
-                raise DPWError(error["message"], hint=error.get("hint"))
+                raise user_error_class(error.get("type"))(error["message"], hint=error.get("hint"))
             raise StoreHelperError(f"cannot open {self.path}: {detail}",
                                    hint="check that the file is a DP Workbench store and can be read")
         self._ready = True
