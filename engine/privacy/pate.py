@@ -632,13 +632,19 @@ def queries_within_budget(*, rdp_per_query, rdp_worst_case, orders=PATE_ORDERS, 
     return int(over[0]) if over.size else int(real.shape[0])
 
 
-def _epsilon_rows(rdp: np.ndarray, alphas: np.ndarray, delta: float) -> tuple[np.ndarray, np.ndarray]:
-    """(epsilon, best order) for each row of an RDP array of shape (rows, orders)."""
-    eps = rdp + _conversion_offset(alphas, delta)[None, :]
+def epsilon_at_each_order(rdp: np.ndarray, alphas: np.ndarray, delta: float) -> np.ndarray:
+    """The epsilon each order's RDP value converts to (an RDP array whose last axis is the orders)."""
+    rdp = np.asarray(rdp, dtype=float)
+    eps = rdp + _conversion_offset(alphas, delta)
     with np.errstate(over="ignore", invalid="ignore"):
         zero = delta * delta + np.expm1(-rdp) >= 0.0
     eps = np.where(zero, 0.0, eps)
-    eps = np.where(np.isinf(rdp), np.inf, eps)
+    return np.where(np.isinf(rdp), np.inf, eps)
+
+
+def _epsilon_rows(rdp: np.ndarray, alphas: np.ndarray, delta: float) -> tuple[np.ndarray, np.ndarray]:
+    """(epsilon, best order) for each row of an RDP array of shape (rows, orders)."""
+    eps = epsilon_at_each_order(rdp, alphas, delta)
     best = np.argmin(eps, axis=1)
     value = np.maximum(eps[np.arange(eps.shape[0]), best], 0.0)
     return value, alphas[best]

@@ -392,8 +392,7 @@ def best_order_meeting_conditions(rdp, orders, delta: float, *, sigma: float, nu
     relies: a release at an order where they fail would not be covered by its own analysis. Above
     some order they fail (e.g. sigma 40, 10 classes: from about 39), so a small RDP cost can push the
     best order there. With no order meeting them, the best order (the release is then flagged)."""
-    rdp = np.asarray(rdp, dtype=float)
-    eps = rdp + pate._conversion_offset(np.asarray(orders, dtype=float), delta)
+    eps = pate.epsilon_at_each_order(rdp, np.asarray(orders, dtype=float), delta)
     ranked = np.argsort(eps, kind="stable")
     for index in ranked:
         alpha = float(orders[index])
