@@ -152,7 +152,7 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
     store.check_writable()  # a store that cannot take the run says so before the data is loaded
     check_before_storing(config)
     run_id = store.create_run(config)
-    status = follow_runner(store.path, run_id, as_json=as_json, store=store, launch=launch)
+    status = follow_runner(store.path, run_id, as_json=as_json, store=store, launch=launch, summary_follows=True)
     run_row = store.get_run(run_id)
     if not as_json:
         print_summary(run_row)
@@ -261,8 +261,10 @@ class StopRequests:
 
 
 def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=None, launch: Any = None,
-                  stops: StopRequests | None = None) -> str:
+                  stops: StopRequests | None = None, summary_follows: bool = False) -> str:
     """Start the runner process and render its events until it ends; returns the final status.
+    With `summary_follows`, the caller prints the run's summary, which states its error: the run's
+    error event is then not printed as well.
     Ctrl-C, SIGTERM or SIGHUP to this process asks the runner to stop after its current step (never
     an orphan runner); `stops`, when given, is already installed and remembers them. With
     `store`, the runner is recorded as the run's owner, and a runner that ended without reporting
@@ -282,18 +284,18 @@ def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=No
         if stops.requested:  # asked before the runner existed
             proc.send_signal(signal.SIGTERM)
         try:
-            return _render_runner(proc, run_id, as_json=as_json, store=store)
+            return _render_runner(proc, run_id, as_json=as_json, store=store, summary_follows=summary_follows)
         finally:
             stops.runner = None
 
 
-def _render_runner(proc: subprocess.Popen, run_id: int, *, as_json: bool, store) -> str:
+def _render_runner(proc: subprocess.Popen, run_id: int, *, as_json: bool, store, summary_follows: bool) -> str:
     """follow_runner's loop: render the events until the runner ends; its final status."""
     from engine.events import decode
 
     if store is not None:
         store.assign_runner(run_id, proc.pid)
-    display = None if as_json else ProgressDisplay()
+    display = None if as_json else ProgressDisplay(show_errors=not summary_follows)
     status = "failed"
     try:
         while True:
@@ -327,7 +329,8 @@ class ProgressDisplay:
     PHASES = {"loading": "loading", "training": "training", "teachers": "teachers", "querying": "queries",
               "student": "student"}
 
-    def __init__(self) -> None:
+    def __init__(self, *, show_errors: bool = True) -> None:
+        self.show_errors = show_errors  # False where the run's summary, which states its error, follows
         self.bar = None
         self.phase: str | None = None
         self.done = 0
@@ -376,7 +379,7 @@ class ProgressDisplay:
             self.epsilon = event["epsilon"]
         elif kind == "metric" and event["name"] == "test_accuracy":
             self.accuracy = event["value"]
-        elif kind in ("warning", "error"):
+        elif kind == "warning" or (kind == "error" and self.show_errors):
             self.close()
             text = event["message"] + (f" — {event['hint']}" if event.get("hint") else "")
             click.echo(f"{kind}: {text}", err=True)

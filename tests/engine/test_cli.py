@@ -254,3 +254,21 @@ def test_the_progress_bar_shows_the_epsilon_the_run_reports_not_the_live_bound()
     pate.handle({"type": "privacy", "step": 9, "epsilon": 3.0, "delta": 1e-5, "accountant": "pate-di"})
     pate.handle({"type": "privacy", "step": 9, "epsilon": 0.4, "delta": 1e-5, "accountant": "pate-dd"})
     assert pate.epsilon == 3.0
+
+
+def test_a_failed_run_states_its_error_once_in_the_summary(tmp_path):
+    """`dpw run` ends with the run's summary, which states the error and its hint: the live display
+    does not print the same error a line above it."""
+    rows = ["f1,f2,label"] + [f"{1e30 * (-1) ** i},{1e30 * (1 - i % 3)},{i % 2}" for i in range(200)]
+    (tmp_path / "huge.csv").write_text("\n".join(rows) + "\n")
+    config = tmp_path / "diverges.toml"
+    config.write_text(f'name = "diverges"\ndataset = "{tmp_path / "huge.csv"}"\nmechanism = "pate"\nnum_teachers = 2\n'
+                      'teacher_epochs = 2\nteacher_batch_size = 16\nteacher_model = "logistic"\naggregator = "gnmax"\n'
+                      'gnmax_sigma = 1.0\n'
+                      'learning_rate = 1000.0\nnum_queries = 20\ndelta = 1e-4\nstudent_epochs = 1\n')
+    ran = dpw("run", str(config), "--db", str(tmp_path / "r.sqlite"))
+    assert ran.returncode == 1
+    assert "run 1 (diverges): failed" in ran.stdout
+    assert "  error          the teachers' training diverged" in ran.stdout
+    assert "  hint           lower the learning_rate" in ran.stdout
+    assert (ran.stdout + ran.stderr).count("the teachers' training diverged") == 1, ran.stderr
