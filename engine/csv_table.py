@@ -27,6 +27,8 @@ CHUNK_ROWS = 16_384
 """Rows converted to numbers at a time (their text as Python strings is the reader's working memory)."""
 PROGRESS_ROWS = 65_536
 """Progress is reported about every this many rows, for files of more rows than this."""
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+"""The largest feature value accepted: features are trained as 32-bit floats."""
 
 _READ_BYTES = 1 << 23  # 8 MiB per read in the hashing pass
 
@@ -182,7 +184,7 @@ def _convert(path: Path, rows: list[list[str]], lines: list[int], header: list[s
         cells = [row[:label_at] + row[label_at + 1:] for row in rows]
     try:
         block = np.array(cells, dtype=np.float64)
-        if np.all(np.isfinite(block)):
+        if np.all(np.abs(block) <= FLOAT32_MAX):  # also False for NaN
             return block
     except ValueError:
         pass
@@ -201,6 +203,12 @@ def _convert(path: Path, rows: list[list[str]], lines: list[int], header: list[s
                 raise DataError(
                     f"{path}, line {line}, column {name!r}: {value.strip()!r} is not a finite number; "
                     f"replace missing values (NaN) and infinities, or drop the row"
+                )
+            if abs(number) > FLOAT32_MAX:
+                raise DataError(
+                    f"{path}, line {line}, column {name!r}: {value.strip()!r} is beyond the range training "
+                    f"computes in (32-bit floats, ±{FLOAT32_MAX:.3g}); rescale the column (e.g. to other units or "
+                    f"its logarithm)"
                 )
     raise DataError(f"{path}: cannot read the feature columns as numbers; check the file")  # pragma: no cover
 

@@ -49,7 +49,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 # torch is imported inside the functions that make tensors: listing the registry needs no torch.
-from engine.csv_table import read_csv_table
+from engine.csv_table import FLOAT32_MAX, read_csv_table
 from engine.errors import ConfigError, DataError
 from engine.feature_scaling import FeatureBounds, parse_feature_bounds, table_scaling
 
@@ -1102,6 +1102,13 @@ def _as_table(x: np.ndarray, *, path: Path, key: str) -> np.ndarray:
         row, col = np.argwhere(~np.isfinite(x))[0]
         raise DataError(
             f"{path}: {key}[{row}, {col}] is {x[row, col]}; replace missing values (NaN) and infinities"
+        )
+    beyond = np.abs(x) > FLOAT32_MAX
+    if beyond.any():
+        row, col = np.argwhere(beyond)[0]
+        raise DataError(
+            f"{path}: {key}[{row}, {col}] is {x[row, col]:g}, beyond the range training computes in (32-bit "
+            f"floats, ±{FLOAT32_MAX:.3g}); rescale that feature (e.g. to other units or its logarithm)"
         )
     return x
 

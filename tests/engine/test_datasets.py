@@ -445,6 +445,17 @@ def test_csv_empty_cell_and_nan_are_reported(tmp_path: Path):
         load_dataset(str(path))
 
 
+def test_csv_value_beyond_32_bit_floats_is_refused_with_its_line_and_column(tmp_path: Path):
+    """Training computes in 32-bit floats: 1e308 would become infinity there (and the run diverge with
+    overflow warnings), so it is refused at load, where the line and column can be named."""
+    path = write_csv(tmp_path / "d.csv", "x,z,label\n1,2,0\n3,-1e308,1\n")
+    with pytest.raises(DataError, match=r"line 3, column 'z': '-1e308' is beyond the range training computes in"):
+        load_dataset(str(path))
+    path = write_csv(tmp_path / "e.csv", "x,z,label\n" + "1,3e38,0\n3,-3e38,1\n" * 5)
+    data = load_dataset(str(path))  # the 32-bit range itself is accepted
+    assert data.num_train + data.num_test == 10
+
+
 def test_csv_empty_file_header_only_ragged_row_and_one_class(tmp_path: Path):
     with pytest.raises(DataError, match="the file is empty"):
         load_dataset(str(write_csv(tmp_path / "a.csv", "")))
@@ -523,6 +534,19 @@ def test_npz_mismatched_lengths_missing_keys_and_half_test_arrays(tmp_path: Path
         load_dataset(str(path))
     np.savez(path, x=np.zeros((10, 3)), y=np.arange(10) % 2, x_test=np.zeros((2, 4)), y_test=np.arange(2))
     with pytest.raises(DataError, match=r"x_test examples have shape \(4,\) but x examples have \(3,\)"):
+        load_dataset(str(path))
+
+
+def test_npz_table_values_that_are_not_finite_or_beyond_32_bit_floats_are_named(tmp_path: Path):
+    path = tmp_path / "t.npz"
+    x = np.zeros((10, 3))
+    x[4, 2] = np.nan
+    np.savez(path, x=x, y=np.arange(10) % 2)
+    with pytest.raises(DataError, match=r"x\[4, 2\] is nan; replace missing values"):
+        load_dataset(str(path))
+    x[4, 2], x[7, 1] = 0.0, 1e300
+    np.savez(path, x=x, y=np.arange(10) % 2)
+    with pytest.raises(DataError, match=r"x\[7, 1\] is 1e\+300, beyond the range training computes in"):
         load_dataset(str(path))
 
 

@@ -285,15 +285,18 @@ def test_an_infinite_epsilon_never_cuts_the_event_stream(tmp_path):
 
 
 def test_pate_teachers_with_a_non_finite_loss_stop_the_run_before_any_query(tmp_path):
-    rows = ["f1,f2,label"] + [f"{1e308 * (-1) ** i},{-1e308},{i % 2}" for i in range(200)]
+    # Features used unscaled (no bounds declared), linear teachers and a huge step: the loss overflows.
+    rows = ["f1,f2,label"] + [f"{1e30 * (-1) ** i},{1e30 * (1 - i % 3)},{i % 2}" for i in range(200)]
     csv = tmp_path / "huge.csv"
     csv.write_text("\n".join(rows) + "\n")
     store, run_id = queue(tmp_path, name="pate-nan", dataset=str(csv), mechanism="pate", num_teachers=2,
                           teacher_epochs=2, teacher_batch_size=16, aggregator="gnmax", gnmax_sigma=1.0,
-                          num_queries=20, delta=1e-4, student_epochs=1)
+                          num_queries=20, delta=1e-4, student_epochs=1, teacher_model="logistic",
+                          learning_rate=1000.0)
     proc = start_runner(store.path, run_id)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1
+    assert "Warning" not in err  # no numpy or torch overflow warnings on the way
     events = [e for e in map(decode, out.splitlines()) if e]
     assert events[-1]["type"] == "finished" and events[-1]["status"] == "failed"
     run = store.get_run(run_id)
