@@ -130,8 +130,6 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
     changes: dict[str, Any] = {}
     if data_dir is not None:
         changes["data_dir"] = str(data_dir.resolve())
-    elif config.data_dir and not Path(config.data_dir).is_absolute():
-        changes["data_dir"] = str((config_file.parent / config.data_dir).resolve())
     if name:
         changes["name"] = name
     if download:
@@ -181,8 +179,6 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
     config = StudyConfig.load_toml(study_file)
     if data_dir is not None:
         config = config.with_data_dir(str(data_dir.resolve()))
-    elif config.base.data_dir and not Path(config.base.data_dir).is_absolute():
-        config = config.with_data_dir(str((study_file.parent / config.base.data_dir).resolve()))
     if plan_only:
         summary = plan_summary(config)
         if as_json:

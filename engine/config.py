@@ -90,7 +90,8 @@ class RunConfig:
         label="Dataset",
         help="A registered dataset (mnist, fashion-mnist, cifar10, svhn, digits, breast-cancer) "
         "or the path of a .csv or .npz file, of a folder holding x.npy and y.npy (memory-mapped: images "
-        "larger than memory), or of an image folder (one sub-folder per class, read on demand).",
+        "larger than memory), or of an image folder (one sub-folder per class, read on demand). In a "
+        "config file, a relative path is taken from the file's folder.",
         kind=str,
         group="data",
     )
@@ -544,7 +545,24 @@ class RunConfig:
 
     @classmethod
     def load_toml(cls, path: str | Path) -> "RunConfig":
-        return cls.from_dict(read_toml(path, "config"))
+        """A config file, its relative paths taken from the file's folder (`with_paths_from`)."""
+        return cls.from_dict(read_toml(path, "config")).with_paths_from(Path(path).parent)
+
+    def with_paths_from(self, folder: str | Path) -> "RunConfig":
+        """Relative paths in a config file are the file's folder's: a relative data_dir, and a dataset
+        path that exists there (a registered dataset's name stays a name; a path found only from the
+        working folder is kept as given, as configs written before this rule meant it). Absolute
+        paths are stored with the run, so the run's data is found again from any folder."""
+        from engine.datasets import DATASETS
+
+        folder = Path(folder)
+        changes: dict[str, Any] = {}
+        if self.data_dir and not Path(self.data_dir).expanduser().is_absolute():
+            changes["data_dir"] = str((folder / self.data_dir).resolve())
+        dataset = Path(self.dataset).expanduser()
+        if self.dataset not in DATASETS and not dataset.is_absolute() and (folder / dataset).exists():
+            changes["dataset"] = str((folder / dataset).resolve())
+        return self.replace(**changes) if changes else self
 
     def config_hash(self) -> str:
         """Stable hash of everything that determines the run's result: not its name, not where its

@@ -100,7 +100,9 @@ class StudyConfig:
     # ---- reading ------------------------------------------------------------------------------
     @classmethod
     def load_toml(cls, path: str | Path) -> "StudyConfig":
-        return cls.from_dict(read_toml(path, "study"))
+        """A study file, its base config's relative paths taken from the file's folder."""
+        config = cls.from_dict(read_toml(path, "study"))
+        return dataclasses.replace(config, base=config.base.with_paths_from(Path(path).parent))
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "StudyConfig":

@@ -153,3 +153,23 @@ def test_config_hash_leaves_out_where_files_are_and_settings_at_their_defaults()
     assert RunConfig(name="a", noise_multiplier=1.1, data_dir="/elsewhere").config_hash() == a.config_hash()
     assert RunConfig(name="a", noise_multiplier=1.1, audit_canaries=0).config_hash() == a.config_hash()
     assert RunConfig(name="a", noise_multiplier=1.1, audit_canaries=10).config_hash() != a.config_hash()
+
+
+def test_relative_paths_in_a_config_file_are_the_files_folders(tmp_path, monkeypatch):
+    """A config beside its CSV runs from any working folder, and the run stores absolute paths; a
+    registered dataset's name stays a name even where a folder of that name is beside the file; a
+    path that exists only from the working folder is kept as given."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    (project / "data").mkdir(parents=True)
+    (project / "mnist").mkdir()
+    elsewhere.mkdir()
+    (project / "data" / "cohort.csv").write_text("x,label\n1,0\n")
+    (project / "a.toml").write_text('dataset = "data/cohort.csv"\ndata_dir = "files"\nmechanism = "none"\n')
+    (project / "b.toml").write_text('dataset = "mnist"\nmechanism = "none"\n')
+    (project / "c.toml").write_text('dataset = "cwd.csv"\nmechanism = "none"\n')
+    monkeypatch.chdir(elsewhere)
+    a = RunConfig.load_toml(project / "a.toml")
+    assert a.dataset == str(project / "data" / "cohort.csv") and a.data_dir == str(project / "files")
+    assert RunConfig.load_toml(project / "b.toml").dataset == "mnist"
+    assert RunConfig.load_toml(project / "c.toml").dataset == "cwd.csv"
+    assert RunConfig.from_dict({"dataset": "data/cohort.csv", "mechanism": "none"}).dataset == "data/cohort.csv"  # no file, no folder
