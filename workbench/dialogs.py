@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable
 
-from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
+from PySide6.QtCore import QObject, QRunnable, QThreadPool, QUrl, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -24,7 +25,11 @@ from PySide6.QtWidgets import (
 )
 
 from engine.errors import DPWError, ExportFilesExist
+from workbench.settings import Settings
 from workbench.store_client import StoreClient
+
+EXPORT_FOLDER_KEY = "export/folder"  # where the last export's folder was made
+REPORT_FOLDER_KEY = "report/folder"  # where the last report was saved
 
 
 def describe_error(exc: BaseException) -> str:
@@ -65,12 +70,25 @@ def start_task(fn: Callable[[], Any], done: Callable[[Any], None], failed: Calla
     return task
 
 
-class ExportDialog(QDialog):
-    """Export a run's released model (DP-SGD model, PATE student) with `engine.export.export_run`."""
+def run_file_stem(run: dict[str, Any]) -> str:
+    """A file or folder name for what is saved of a run: "run-3-mnist-eps3" from run 3 "mnist eps3"."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", str(run.get("name") or "")).strip("-.")[:40]
+    return f"run-{run['id']}" + (f"-{name}" if name else "")
 
-    def __init__(self, store_path: Path, run: dict[str, Any], parent: QWidget | None = None):
+
+def folder_link(path: Path) -> str:
+    """A link that opens `path` in the desktop's file manager (QLabel with open external links)."""
+    return f"<a href='{QUrl.fromLocalFile(str(path)).toString()}'>Open the folder</a>"
+
+
+class ExportDialog(QDialog):
+    """Export a run's released model (DP-SGD model, PATE student) with `engine.export.export_run`.
+    The folder it proposes is inside the one used last time (remembered as export/folder)."""
+
+    def __init__(self, store_path: Path, run: dict[str, Any], parent: QWidget | None = None,
+                 settings: Settings | None = None):
         super().__init__(parent)
-        self.store_path, self.run = store_path, run
+        self.store_path, self.run, self.settings = store_path, run, settings
         self.setWindowTitle(f"Export run {run['id']} ({run['name']})")
         self.setMinimumWidth(560)
         layout = QVBoxLayout(self)
@@ -83,7 +101,8 @@ class ExportDialog(QDialog):
             self.kind.addItem("the trained model", "model")
         form.addRow("Export", self.kind)
         folder_row = QHBoxLayout()
-        self.folder = QLineEdit(str(Path.home() / f"dpw-export-run-{run['id']}"))
+        parent_folder = settings.text(EXPORT_FOLDER_KEY, str(Path.home())) if settings else str(Path.home())
+        self.folder = QLineEdit(str(Path(parent_folder) / f"{run_file_stem(run)}-model"))
         browse = QPushButton("Folder…")
         browse.clicked.connect(self._browse)
         folder_row.addWidget(self.folder, 1)
@@ -93,6 +112,7 @@ class ExportDialog(QDialog):
         self.result_label = QLabel("Writes model.safetensors, model.pt2 (torch.export), model.onnx and "
                                    "model_card.json.")
         self.result_label.setWordWrap(True)
+        self.result_label.setOpenExternalLinks(True)
         layout.addWidget(self.result_label)
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         self.export_button = self.buttons.addButton("Export", QDialogButtonBox.ButtonRole.ActionRole)
@@ -125,7 +145,10 @@ class ExportDialog(QDialog):
         self.export_button.setEnabled(True)
         lines = "".join(f"<li>{name}: {'<i>' + value + '</i>' if value.startswith('not') else 'sha256 ' + value[:16] + '…'}</li>"
                         for name, value in files.items())
-        self.result_label.setText(f"Exported to {self.folder.text()}:<ul>{lines}</ul>")
+        folder = Path(self.folder.text().strip()).expanduser().absolute()
+        if self.settings is not None:
+            self.settings.set_text(EXPORT_FOLDER_KEY, str(folder.parent))
+        self.result_label.setText(f"Exported to {folder} ({folder_link(folder)}):<ul>{lines}</ul>")
 
     def _failed(self, exc: BaseException) -> None:
         self.export_button.setEnabled(True)
@@ -152,9 +175,10 @@ class ExportDialog(QDialog):
 class ReportDialog(QDialog):
     """Preview a run's privacy report (engine.report) and save it as HTML, PDF or JSON."""
 
-    def __init__(self, store_path: Path, run: dict[str, Any], parent: QWidget | None = None):
+    def __init__(self, store_path: Path, run: dict[str, Any], parent: QWidget | None = None,
+                 settings: Settings | None = None):
         super().__init__(parent)
-        self.store_path, self.run = store_path, run
+        self.store_path, self.run, self.settings = store_path, run, settings
         self.report: dict[str, Any] | None = None
         self.html = ""
         self.setWindowTitle(f"Privacy report — run {run['id']} ({run['name']})")
@@ -167,6 +191,7 @@ class ReportDialog(QDialog):
         self.browser.setPlainText("Building the report…")
         layout.addWidget(self.browser, 1)
         self.status = QLabel("")
+        self.status.setOpenExternalLinks(True)
         layout.addWidget(self.status)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         self.save_buttons = []
@@ -196,7 +221,8 @@ class ReportDialog(QDialog):
         self.status.setText("")
 
     def save_dialog(self, suffix: str) -> None:
-        default = str(Path.home() / f"dpw-report-run-{self.run['id']}{suffix}")
+        folder = self.settings.text(REPORT_FOLDER_KEY, str(Path.home())) if self.settings else str(Path.home())
+        default = str(Path(folder) / f"{run_file_stem(self.run)}-privacy-report{suffix}")
         path, _ = QFileDialog.getSaveFileName(self, "Save report", default, f"*{suffix}")
         if path:
             self.save(Path(path))
@@ -214,5 +240,7 @@ class ReportDialog(QDialog):
             html_to_pdf(self.html, path)
         else:
             path.write_text(json.dumps(self.report, indent=2, default=str), encoding="utf-8")
-        self.status.setText(f"Saved {path}")
+        if self.settings is not None:
+            self.settings.set_text(REPORT_FOLDER_KEY, str(path.absolute().parent))
+        self.status.setText(f"Saved {path} ({folder_link(path.absolute().parent)})")
         return path

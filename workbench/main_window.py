@@ -688,7 +688,7 @@ class MainWindow(QMainWindow):
         run = self._current_row()
         if run is None:
             return None
-        dialog = ExportDialog(self.store.path, run, self)
+        dialog = ExportDialog(self.store.path, run, self, self.settings)
         dialog.open()
         return dialog
 
@@ -696,7 +696,7 @@ class MainWindow(QMainWindow):
         run = self._current_row()
         if run is None:
             return None
-        dialog = ReportDialog(self.store.path, run, self)
+        dialog = ReportDialog(self.store.path, run, self, self.settings)
         dialog.open()
         return dialog
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -104,7 +105,13 @@ def test_student_export_writes_the_model_files(pate_window_and_run, qtbot, tmp_p
     assert (out / "model.safetensors").is_file()
     card = json.loads((out / "model_card.json").read_text())
     assert card["mechanism"] == "pate"
+    assert f"href='file://{out}'" in dialog.result_label.text()  # "Open the folder"
     dialog.close()
+    # The next export proposes a folder named after the run, beside the last one.
+    again = window.export_run()
+    assert Path(again.folder.text()).parent == tmp_path
+    assert Path(again.folder.text()).name.startswith(f"run-{run_id}-")
+    again.close()
 
 
 def test_exporting_into_a_folder_that_holds_an_export_asks_before_replacing_it(pate_window_and_run, qtbot, tmp_path):
@@ -153,7 +160,12 @@ def test_report_preview_and_save(pate_window_and_run, qtbot, tmp_path):
     assert json.loads(saved.read_text())["run"]["id"] == run_id
     assert "<html" in dialog.save(tmp_path / "report.html").read_text().lower()
     assert dialog.save(tmp_path / "pdf" / "report.pdf").read_bytes().startswith(b"%PDF")
+    assert "Open the folder" in dialog.status.text()
     dialog.close()
+    # The next report's save dialog starts in the folder saved to last, named after the run.
+    from workbench.dialogs import REPORT_FOLDER_KEY
+
+    assert window.settings.text(REPORT_FOLDER_KEY) == str(tmp_path / "pdf")
 
 
 def _click_scene(plot, scene_pos, qtbot) -> None:
