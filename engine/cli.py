@@ -1282,6 +1282,7 @@ def release_votes(votes, *, mechanism: str, delta: float, answered, params: dict
     public quantities unless `rule` is "data-dependent". Raises ValueError on settings that cannot work."""
     import numpy as np
 
+    from engine.pate.aggregation import release_with_noise
     from engine.privacy import pate_smooth
     from engine.randomness import PrivateRandomness
 
@@ -1292,9 +1293,8 @@ def release_votes(votes, *, mechanism: str, delta: float, answered, params: dict
             mechanism=mechanism, num_teachers=teachers, num_queries=votes.shape[0], num_classes=votes.shape[1],
             delta=delta, **params))
     randomness = PrivateRandomness(reproducible_noise=seed is not None, seed=seed or 0)
-    noise = float(randomness.numpy_generator("smooth_sensitivity_release").standard_normal())
-    release = pate_smooth.release_epsilon(votes=votes, mechanism=mechanism, delta=delta, noise=noise,
-                                          answered=answered, num_teachers=teachers, **params, **chosen)
+    release = release_with_noise(randomness, votes=votes, mechanism=mechanism, delta=delta, answered=answered,
+                                 num_teachers=teachers, **params, **chosen)
     caveats = []
     if seed is not None:
         caveats.append(f"its noise is reproducible from --release-seed {seed}, so anyone who knows the seed can "

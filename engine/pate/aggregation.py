@@ -14,10 +14,12 @@ reproducible_noise is on. Nothing here is private state.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from engine.randomness import SecureGenerator
+from engine.privacy.pate_smooth import ReleasedEpsilon, release_epsilon
+from engine.randomness import PrivateRandomness, SecureGenerator
 
 AGGREGATORS = ("confident", "gnmax", "lnmax")
 REJECTED = -1
@@ -81,3 +83,11 @@ def aggregate(
 def _positive(name: str, value: float | None) -> None:
     if value is None or not value > 0:
         raise ValueError(f"{name} must be > 0; got {value!r}")
+
+
+def release_with_noise(randomness: PrivateRandomness, **release: Any) -> ReleasedEpsilon:
+    """`pate_smooth.release_epsilon(**release)` with its one Gaussian draw from `randomness` (secret
+    operating-system randomness unless the run's noise is reproducible): a PATE run's release and
+    `dpw privacy pate --release` draw it the same way."""
+    noise = float(randomness.numpy_generator("smooth_sensitivity_release").standard_normal())
+    return release_epsilon(noise=noise, **release)

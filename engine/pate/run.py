@@ -377,10 +377,9 @@ class PreparedPATERun:
         if config.aggregator == "lnmax":
             result.epsilon_released = result.analysis.epsilon_data_independent
         else:
-            z = float(self.randomness.numpy_generator("smooth_sensitivity_release").standard_normal())
-            rel = pate_smooth.release_epsilon(votes=votes, answered=answered, delta=config.delta, noise=z,
-                                              num_teachers=config.num_teachers, **params.analysis,
-                                              **release_parameters(config, self.data.num_classes))
+            rel = aggregation.release_with_noise(self.randomness, votes=votes, answered=answered, delta=config.delta,
+                                                 num_teachers=config.num_teachers, **params.analysis,
+                                                 **release_parameters(config, self.data.num_classes))
             result.released = rel
             # Publishable: min(released, data-independent) (engine.publication), post-processing of two
             # released values; the release's own parameters were fixed before the votes (by default).
