@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
@@ -19,7 +20,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.publication import NO_GUARANTEE, carries_guarantee, pate_publishable
+from engine.publication import (
+    NO_GUARANTEE,
+    PublishableEpsilon,
+    carries_guarantee,
+    pate_publishable,
+    publishable_epsilon,
+)
 from engine.report import budget_on_private_votes
 from workbench.plots import Plot, accountant_colour, set_curve
 from workbench.progress import progress, seconds_left
@@ -42,6 +49,22 @@ PHASES = {
     "querying": "Answering student queries",
     "student": "Training the student (steps)",
 }
+
+
+def study_statement(study: dict[str, Any], stated: PublishableEpsilon) -> str:
+    """What a study lets its candidate state, first in the header: the study's publishable epsilon,
+    or why there is none (a private study's candidate that was not released, a study still running).
+    An exploratory study's candidate states its own epsilon, which does not cover the choice."""
+    label = f"study {study.get('id')} ({study.get('mode')})"
+    if study.get("mode") == "exploratory":
+        return f"{label}: {stated.note}"
+    if study.get("status") == "running":
+        return f"{label}, running: no ε yet (the study's will cover its search)"
+    if stated.withheld:
+        return f"{label}: not released, no ε to publish (the study releases its best candidate only)"
+    if stated.value is None:
+        return f"{label}, {study.get('status')}: no ε to publish"
+    return f"ε {stated.value:.3g} (publishable: {label}, {stated.accountant}, δ {stated.delta:g})"
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -318,11 +341,18 @@ class Dashboard(QWidget):
     def _budget_text(self, data: RunData) -> None:
         """The publishable epsilon spent (engine.publication; DP-SGD: the run's accountant, with the live
         bound when it is further along), the budget and what is left of it. PATE's data-dependent
-        epsilon only as a diagnostic marked not publishable; a reproducible-noise run: no guarantee."""
+        epsilon only as a diagnostic marked not publishable; a reproducible-noise run: no guarantee.
+        A study's candidate leads with what the study lets it state; its own epsilon follows as
+        "this run alone"."""
         if data.mechanism == "none":
             self.budget_label.setText("non-private: ε = ∞")
             return
         parts = [] if carries_guarantee(data.as_run()) else [f"{NO_GUARANTEE.upper()} (reproducible noise)"]
+        stated = publishable_epsilon(data.as_run())
+        study = data.study if stated.note is not None else None
+        if study is not None:
+            parts.append(study_statement(study, stated))
+        alone = "this run alone: " if study is not None else ""
         spent = None
         if data.mechanism == "pate":
             di, dd = data.privacy.get("pate-di"), data.privacy.get("pate-dd")
@@ -333,7 +363,8 @@ class Dashboard(QWidget):
                 where = f", query {int(di.x[-1]):,}" if di is not None and len(di) else ""
                 delta = data.summary.get("delta", data.config.get("delta"))
                 at_delta = f", δ {float(delta):g}" if isinstance(delta, (int, float)) else ""
-                parts.append(f"ε {value:.3g} (publishable, {accountant}{at_delta}{where})")
+                kind = accountant if study is not None else f"publishable, {accountant}"
+                parts.append(f"{alone}ε {value:.3g} ({kind}{at_delta}{where})")
             if dd is not None and len(dd):
                 parts.append(f"data-dependent ε {dd.last():.3g} (private diagnostic, not publishable)")
             run = {"mechanism": data.mechanism, "config": data.config}
@@ -346,7 +377,7 @@ class Dashboard(QWidget):
                 spent = series.last()
                 delta = data.plan.get("delta", data.config.get("delta"))
                 at_delta = f", δ {float(delta):g}" if isinstance(delta, (int, float)) else ""
-                parts.append(f"ε {spent:.3g} ({name}{at_delta}, step {int(series.x[-1]):,})")
+                parts.append(f"{alone}ε {spent:.3g} ({name}{at_delta}, step {int(series.x[-1]):,})")
                 live = data.privacy.get("rdp")
                 if name != "rdp" and live is not None and len(live) and live.x[-1] > series.x[-1]:
                     parts.append(f"live bound {live.last():.3g} (rdp, step {int(live.x[-1]):,})")

@@ -330,6 +330,9 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"Cannot read {self.store.path}: {describe_error(exc)}", 10000)
             return
         self.runs_model.set_rows(rows)
+        for row in rows:  # a study's status and epsilon change what its runs may state
+            if row.get("study") and row["id"] in self.run_data:
+                self.run_data[row["id"]].set_study(row["study"])
         self.runs_panel.show_run(self._listed_row(self.current_run_id))
         self.runs_panel.refresh_deleted()
         if self.tabs.currentWidget() is self.audit:

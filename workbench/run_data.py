@@ -86,6 +86,7 @@ class RunData:
     rejected_total: int = 0
     messages: list[Message] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    study: dict[str, Any] | None = None  # the study's store row when the run is one of its candidates
     finished: bool = False
     version: int = 0  # bumped on every change; views redraw when it moved
 
@@ -176,8 +177,15 @@ class RunData:
         return name, self.privacy[name]
 
     def as_run(self) -> dict[str, Any]:
-        """What engine.publication reads of a run (mechanism, config, summary, plan)."""
-        return {"mechanism": self.mechanism, "config": self.config, "summary": self.summary, "plan": self.plan}
+        """What engine.publication reads of a run (id, mechanism, config, summary, plan, study)."""
+        return {"id": self.run_id, "mechanism": self.mechanism, "config": self.config, "summary": self.summary,
+                "plan": self.plan, "study": self.study}
+
+    def set_study(self, study: dict[str, Any] | None) -> None:
+        """The run's study as the store now lists it (its status and epsilon change as it runs)."""
+        if study != self.study:
+            self.study = study
+            self.version += 1
 
     @property
     def budget(self) -> float | None:
@@ -197,7 +205,7 @@ class RunData:
             stored = replay(store, run_id)
         row = stored["run"]
         data = cls(run_id=run_id, name=row["name"], mechanism=row["mechanism"], status=row["status"],
-                   config=row.get("config") or {})
+                   config=row.get("config") or {}, study=row.get("study"))
         for table, curves in ((data.metrics, stored["metrics"]), (data.privacy, stored["privacy"])):
             for name, (steps, values) in curves.items():
                 cls.series(table, name).extend(steps, np.array(values, dtype=float))  # None -> nan

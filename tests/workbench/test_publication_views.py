@@ -91,3 +91,31 @@ def test_dashboard_header_leads_with_the_publishable_epsilon(qtbot):
     seeded.apply({"type": "privacy", "step": 5, "epsilon": 3.0, "accountant": "pld"})
     dashboard._budget_text(seeded)
     assert dashboard.budget_label.text().startswith("NO GUARANTEE (reproducible noise)  ·  ε 3 (pld")
+
+
+def test_dashboard_header_of_a_study_candidate_states_what_the_study_lets_it_state(qtbot):
+    """A run of a study: the released candidate leads with the study's epsilon (which covers the
+    search), a candidate not released with 'no ε to publish', a running study's with none yet; the
+    run's own epsilon follows as 'this run alone', never as the publishable one."""
+    from workbench.dashboard import Dashboard
+
+    dashboard = Dashboard()
+    qtbot.addWidget(dashboard)
+    study = {"id": 4, "name": "s", "mode": "private", "status": "finished", "released_run_id": 9,
+             "epsilon": 4.302, "delta": 1e-5, "accountant": "rdp-repeat-and-select", "num_candidates": 5}
+
+    def header(run_id: int, study: dict) -> str:
+        data = RunData(run_id=run_id, mechanism="dpsgd", config={"reproducible_noise": False, "accountant": "pld"},
+                       study=study)
+        data.apply({"type": "privacy", "step": 45, "epsilon": 2.31, "accountant": "pld"})
+        dashboard._budget_text(data)
+        return dashboard.budget_label.text()
+
+    released = header(9, study)
+    assert released.startswith("ε 4.3 (publishable: study 4 (private), rdp-repeat-and-select, δ 1e-05)")
+    assert "this run alone: ε 2.31 (pld" in released
+    withheld = header(7, study)
+    assert withheld.startswith("study 4 (private): not released, no ε to publish")
+    assert "publishable" not in withheld.replace("no ε to publish", "") and "this run alone: ε 2.31" in withheld
+    running = header(9, {**study, "status": "running", "epsilon": None, "released_run_id": None})
+    assert running.startswith("study 4 (private), running: no ε yet")

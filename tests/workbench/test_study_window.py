@@ -83,6 +83,11 @@ def test_a_study_shows_its_plan_then_runs_in_the_background_grouped_in_the_runs_
     window.select_runs([r["id"] for r in rows])
     window.compare_selected()
     assert window.compare.banner.isHidden()
+    # The dashboard of a candidate leads with the study's epsilon, as the list does.
+    window.select_runs([rows[0]["id"]])
+    header = window.dashboard.budget_label.text()
+    assert header.startswith(f"ε {expected['epsilon']:.3g} (publishable: study {study_id} (composition)"), header
+    assert "this run alone: ε" in header
 
 
 def run_row(run_id, study=None, dataset="digits"):
