@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine.store import Store
-from workbench.audit_view import AuditView, TheorySource, audit_figure, canary_result
+from workbench.audit_view import CURVES, AuditView, TheorySource, audit_figure, canary_result
 from workbench.compare import CompareView
 from workbench.run_data import RunData
 
@@ -165,15 +165,18 @@ def test_an_attack_under_the_curve_raises_no_banner():
     assert audit_figure(theory=theory, audit={"mia": same.to_json()}, canaries=None).banner is None
 
 
-def test_the_canary_bound_is_stated_with_its_curve_when_the_run_had_canaries():
+def test_the_canary_bound_is_stated_as_a_number_beside_the_guarantee_when_the_run_had_canaries():
+    """A number, never a curve beside the guarantee's (an (ε, δ) region for the lower bound lies above the
+    mechanism's exact curve at some FPRs without contradicting it, and read as an attack above it)."""
     summary = {"canaries": {"count": 1000, "kind": "gradient", "epsilon_lower_bound": 1.7,
                             "confidence": 0.95, "delta": 1e-5}, "audit_model": True}
     figure = audit_figure(theory=None, audit=None, canaries=canary_result(summary))
     assert "(1000 gradient canaries, one run): ε ≥ 1.7 at 95% confidence" in figure.canary_note
-    fpr, tpr = figure.canary
-    at = np.searchsorted(fpr, 0.01)
-    assert tpr[at] == pytest.approx(min(1.0, np.exp(1.7) * fpr[at] + 1e-5), rel=1e-6)  # the (ε, δ)-DP curve
+    assert not hasattr(figure, "canary") and "canary" not in {key for key, *_ in CURVES}
     assert figure.banner is None
+    consistent = audit_figure(theory={"publishable_epsilon": 8.0}, audit=None, canaries=canary_result(summary))
+    assert "ε ≥ 1.7 at 95% confidence, 21% of the publishable ε = 8: consistent with the guarantee" \
+        in consistent.canary_note and consistent.banner is None
     theory, _ = above_the_curve()  # a guarantee at epsilon 0.19 < 1.7: the canaries contradict it
     banner = audit_figure(theory=theory, audit=None, canaries=canary_result(summary)).banner
     assert banner is not None and "proves ε ≥ 1.7 at 95% confidence, above the publishable ε = 0.19" in banner
