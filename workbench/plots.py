@@ -455,8 +455,22 @@ class SmoothedCurve:
 
 
 def set_curve(item: pg.PlotDataItem, x: np.ndarray, y: np.ndarray) -> None:
-    """setData for finite data without pyqtgraph's per-call finite check (NaNs are dropped first)."""
+    """setData for finite data without pyqtgraph's per-call finite check (NaNs are dropped first).
+    A line through one point draws nothing: a curve without markers gets one while it has a single
+    point (a short PATE run's one privacy row), and loses it with the second."""
     if y.size and not np.isfinite(y).all():
         keep = np.isfinite(y)
         x, y = x[keep], y[keep]
+    lone = len(x) == 1
+    marked = getattr(item, "_lone_point_marker", False)
+    if lone and not marked and item.opts.get("symbol") is None:
+        colour = pg.mkPen(item.opts.get("pen")).color()
+        item.setSymbol("o")
+        item.setSymbolSize(7)
+        item.setSymbolPen(colour)
+        item.setSymbolBrush(colour)
+        item._lone_point_marker = True
+    elif marked and not lone:
+        item.setSymbol(None)
+        item._lone_point_marker = False
     item.setData(x, y, skipFiniteCheck=True)

@@ -1,4 +1,5 @@
-"""A plot's legend never makes the plot wider than its place in the layout (Compare's grid)."""
+"""A plot's legend never makes the plot wider than its place in the layout (Compare's grid); a
+curve of one point stays visible."""
 
 from __future__ import annotations
 
@@ -23,3 +24,23 @@ def test_a_legend_of_long_names_wraps_to_columns_that_fit_the_plot(qtbot):
     plot.resize(432, 500)  # narrow again: the plot follows the view, not the wider legend it had
     qtbot.wait(100)
     assert item.geometry().width() <= plot.width() + 1
+
+
+def test_a_line_with_one_point_gets_a_marker_until_it_has_a_second(qtbot):
+    """A line through one point draws nothing (a PATE run of 100 queries has one privacy row): it is
+    marked while alone; curves drawn with markers by design keep theirs."""
+    import numpy as np
+
+    from workbench.plots import set_curve
+
+    plot = Plot("Privacy spent", "queries", "ε")
+    qtbot.addWidget(plot)
+    line, dots = plot.curve("data-independent", 0), plot.curve("released", 1, symbol="o")
+    set_curve(line, np.array([100.0]), np.array([51.6]))
+    assert line.opts["symbol"] == "o"
+    set_curve(line, np.array([100.0, 200.0]), np.array([51.6, 70.0]))
+    assert line.opts["symbol"] is None
+    set_curve(dots, np.array([100.0, 200.0]), np.array([3.0, 4.0]))
+    set_curve(dots, np.array([100.0]), np.array([3.0]))
+    set_curve(dots, np.array([100.0, 200.0]), np.array([3.0, 4.0]))
+    assert dots.opts["symbol"] == "o"
