@@ -29,7 +29,7 @@ from engine.publication import (
 )
 from engine.report import budget_on_private_votes
 from workbench.plots import Plot, accountant_colour, set_curve
-from workbench.progress import progress, seconds_left
+from workbench.progress import progress, seconds_left, shown_phase
 from workbench.run_data import RunData
 from workbench.runs_model import format_duration
 from workbench.settings import Settings
@@ -317,7 +317,7 @@ class Dashboard(QWidget):
             return
         self._drawn_version = data.version
         self.title.setText(f"Run {data.run_id}: {data.name}  ({data.mechanism or '?'}, {data.status})")
-        phase = PHASES.get(data.phase, data.phase)
+        phase = PHASES.get(shown_phase(data), shown_phase(data))
         self.phase_label.setText(phase)
         bar = progress(data)
         self.progress.setMaximum(max(bar.maximum, 1))

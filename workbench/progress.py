@@ -24,22 +24,38 @@ def last_step(data: RunData) -> int:
     return max(steps, default=0)
 
 
+def shown_phase(data: RunData) -> str:
+    """The phase the dashboard shows: the current one, except that a DP-SGD run that ended during its
+    canary audit (a moment after its last step) shows its training, which is what it did."""
+    if data.finished and data.phase == "auditing" and data.mechanism != "pate":
+        return "training"
+    return data.phase
+
+
+def planned_total(data: RunData) -> int:
+    """The shown phase's total: the current phase's, or the planned training steps after an audit."""
+    if shown_phase(data) != data.phase:
+        return int(data.plan.get("steps") or 0)
+    return data.total
+
+
 def stop_step(data: RunData) -> int:
     """The step training ends at: the budget stop when it comes first, else the planned steps."""
     allowed = data.plan.get("steps_allowed")
-    if data.total and isinstance(allowed, int) and 0 < allowed < data.total:
+    total = planned_total(data)
+    if total and isinstance(allowed, int) and 0 < allowed < total:
         return allowed
-    return data.total
+    return total
 
 
 def progress(data: RunData) -> Progress:
     """The bar of `data`'s current phase. A run that ended without a step shows an empty bar."""
-    training = data.phase == "training" and data.mechanism != "pate"
+    training = shown_phase(data) == "training" and data.mechanism != "pate"
     done = max(data.done, last_step(data)) if training else data.done
     maximum = stop_step(data) if training else data.total
     tooltip = ""
-    if training and maximum < data.total:
-        tooltip = (f"The ε budget stops training at step {maximum:,} of the {data.total:,} planned "
+    if training and maximum < planned_total(data):
+        tooltip = (f"The ε budget stops training at step {maximum:,} of the {planned_total(data):,} planned "
                    f"(steps_allowed).")
     if data.finished:
         if done <= 0:

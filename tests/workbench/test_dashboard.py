@@ -149,6 +149,19 @@ def test_progress_counts_the_budget_stop(qtbot):
     assert seconds_left(running, now=67.0) == pytest.approx(18.0)  # 1 s a step, 18 steps to 85
 
 
+def test_a_run_that_ended_during_its_canary_audit_shows_its_training_not_a_full_audit_bar(dashboard, qtbot):
+    """The canary audit comes a moment after the last step: a run stopped at step 42 of 169 said
+    'auditing 1 / 1 (stopped)' with a full bar."""
+    data = dpsgd_run(steps=42, allowed=None, status=None)
+    data.apply({"type": "progress", "phase": "auditing", "done": 0, "total": 1})
+    assert progress(data).text == "0 / 1"  # while it audits, the audit's own progress
+    data.apply({"type": "progress", "phase": "auditing", "done": 1, "total": 1})
+    data.apply({"type": "finished", "status": "stopped", "summary": {}})
+    dashboard.show_run(data)
+    assert dashboard.progress.text() == "42 / 169 (stopped)" and dashboard.progress.value() == 42
+    assert dashboard.phase_label.text() == "Training"
+
+
 def test_header_step_and_bar_agree_and_a_failed_run_without_steps_shows_an_empty_bar(dashboard, qtbot):
     data = dpsgd_run(steps=85)  # the last progress event said 79; the curves reached 85
     dashboard.show_run(data)
