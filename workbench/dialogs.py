@@ -28,6 +28,7 @@ from engine.errors import DPWError, ExportFilesExist
 from workbench.settings import Settings
 from workbench.store_client import StoreClient
 
+WARNING_COLOUR = "#d62728"
 EXPORT_FOLDER_KEY = "export/folder"  # where the last export's folder was made
 REPORT_FOLDER_KEY = "report/folder"  # where the last report was saved
 
@@ -76,6 +77,27 @@ def run_file_stem(run: dict[str, Any]) -> str:
     return f"run-{run['id']}" + (f"-{name}" if name else "")
 
 
+def export_statement(run: dict[str, Any]) -> str:
+    """What the exported model carries, shown before exporting: its publishable epsilon (with its
+    study's note), or why there is none, and the audit-model warning (engine.audit_run)."""
+    from engine.audit_run import audit_model_line
+    from engine.publication import NO_GUARANTEE_STATEMENT, publishable_epsilon
+
+    eps = publishable_epsilon(run)
+    if run.get("mechanism") == "none":
+        text = "none: a non-private baseline, which may reveal its training examples"
+    elif not eps.guarantee:
+        text = f"<b>{NO_GUARANTEE_STATEMENT}</b>"
+    elif eps.value is not None:
+        text = f"ε = {eps.value:.4g}, δ = {eps.delta:g} ({eps.accountant})" + (f"; {eps.note}" if eps.note else "")
+    else:
+        text = eps.note or "no epsilon was accounted"
+    line = audit_model_line(run)
+    if line:
+        text += f"<br><b style='color:{WARNING_COLOUR}'>{line[0].upper() + line[1:]}.</b>"
+    return text
+
+
 def folder_link(path: Path) -> str:
     """A link that opens `path` in the desktop's file manager (QLabel with open external links)."""
     return f"<a href='{QUrl.fromLocalFile(str(path)).toString()}'>Open the folder</a>"
@@ -108,6 +130,9 @@ class ExportDialog(QDialog):
         folder_row.addWidget(self.folder, 1)
         folder_row.addWidget(browse)
         form.addRow("Into folder", folder_row)
+        self.guarantee = QLabel(export_statement(run))
+        self.guarantee.setWordWrap(True)
+        form.addRow("Guarantee", self.guarantee)
         layout.addLayout(form)
         self.result_label = QLabel("Writes model.safetensors, model.pt2 (torch.export), model.onnx and "
                                    "model_card.json.")

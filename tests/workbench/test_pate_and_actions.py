@@ -92,11 +92,26 @@ def test_teacher_export_is_refused_with_the_engines_reason(pate_window_and_run, 
     dialog.close()
 
 
+def test_the_export_dialog_states_the_models_guarantee_before_exporting():
+    from workbench.dialogs import export_statement
+
+    run = {"id": 2, "name": "audit", "mechanism": "dpsgd", "epsilon": 7.995, "delta": 1e-5, "accountant": "pld",
+           "config": {"reproducible_noise": False}, "study": None,
+           "summary": {"canaries": {"count": 2000, "kind": "gradient", "epsilon_lower_bound": 2.7}}}
+    text = export_statement(run)
+    assert text.startswith("ε = 7.995, δ = 1e-05 (pld)")
+    assert "Audit model: trained with 2000 gradient canaries" in text
+    seeded = export_statement({**run, "config": {"reproducible_noise": True}, "summary": {}})
+    assert "No differential privacy guarantee" in seeded and "Audit model" not in seeded
+    assert export_statement({**run, "mechanism": "none", "summary": {}}).startswith("none: a non-private baseline")
+
+
 def test_student_export_writes_the_model_files(pate_window_and_run, qtbot, tmp_path):
     window, run_id = pate_window_and_run
     window.select_run(run_id)
     dialog = window.export_run()
     assert dialog.kind.currentData() == "model"
+    assert "(pate-" in dialog.guarantee.text() and dialog.guarantee.text().startswith("ε = ")
     out = tmp_path / "student"
     dialog.folder.setText(str(out))
     dialog.export()
