@@ -574,10 +574,10 @@ class MainWindow(QMainWindow):
         if confirm:
             answer = QMessageBox.question(
                 self, "Delete runs" if len(ids) > 1 else "Delete run",
-                f"Delete run{'s' if len(ids) > 1 else ''} {names}?\n\nTheir curves, votes and saved models are "
-                "removed. The store keeps one line per deleted run (name, status, epsilon, dates, tags, notes; "
-                "'Show deleted' above the list shows them): the privacy it spent on its data was spent all the "
-                "same.")
+                f"Delete run{'s' if len(ids) > 1 else ''} {names}?\n\n{'Their' if len(ids) > 1 else 'Its'} curves, "
+                "votes and saved models are removed. The store keeps one line per deleted run (name, status, "
+                "epsilon, dates, tags, notes; 'Show deleted' above the list shows them): the privacy it spent "
+                "on its data was spent all the same.")
             if answer != QMessageBox.StandardButton.Yes:
                 return []
         deleted = []

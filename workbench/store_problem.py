@@ -58,8 +58,9 @@ def ask_what_to_do(path: Path, problem: DPWError) -> str:
     hint = problem.hint.rstrip(".") if problem.hint else ""
     box.setInformativeText(f"{problem.message.rstrip('.')}.\n\n"
                            + (f"{hint[:1].upper()}{hint[1:]}.\n\n" if hint else "")
-                           + "The file was left unchanged. Open another store, create a new one elsewhere, "
-                             "or quit.")
+                           + ("" if "left unchanged" in hint or "leaves it unchanged" in hint
+                              else "The file was left unchanged. ")
+                           + "Open another store, create a new one elsewhere, or quit.")
     open_button = box.addButton("Open another store…", QMessageBox.ButtonRole.AcceptRole)
     create_button = box.addButton("Create a new store…", QMessageBox.ButtonRole.AcceptRole)
     quit_button = box.addButton("Quit", QMessageBox.ButtonRole.RejectRole)
