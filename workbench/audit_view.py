@@ -578,22 +578,28 @@ def _escape(text: str) -> str:
 # ---- Compare: the curves of several runs on one plot ------------------------------------------------
 class TradeoffOverlay(Plot):
     """The theoretical curve of each run Compare shows (solid) and its attack ROC where one was computed
-    (dashed), in the run's colour in Compare's other plots (its position in the selection)."""
+    (dashed), in the run's colour in Compare's other plots (its position in the selection). No legend
+    of its own: Compare's accuracy plot names the colours, and two lines a run would leave the plot
+    no room in its corner of the grid."""
 
     def __init__(self, theory: TheorySource | None = None, parent: QWidget | None = None):
-        super().__init__("Membership tests", "FPR", "TPR", y_bounds=(0.0, 1.0))
+        super().__init__("Membership tests (solid: bound, dashed: attack)", "FPR", "TPR", legend=False,
+                         y_bounds=(0.0, 1.0))
         self.setToolTip("Solid: the best test each run's guarantee allows (an upper bound); dashed: the loss "
                         "attack's ROC, where the Audit tab computed one (from private data)")
         self.theory = theory or TheorySource(self)
         self.theory.ready.connect(self._theory_ready)
         self.rows: list[dict[str, Any]] = []
+        self.colours: dict[int, int] = {}
         self._later = QTimer(self)  # curves arriving together are drawn once
         self._later.setSingleShot(True)
         self._later.setInterval(50)
         self._later.timeout.connect(self._draw)
 
-    def show_runs(self, rows: list[dict[str, Any]]) -> None:
+    def show_runs(self, rows: list[dict[str, Any]], colours: dict[int, int] | None = None) -> None:
+        """`rows`: the runs of the group Compare shows; `colours`: each run's colour index there."""
         self.rows = list(rows)
+        self.colours = dict(colours or {})
         self._draw()
 
     def _theory_ready(self, run_id: int) -> None:
@@ -610,7 +616,8 @@ class TradeoffOverlay(Plot):
         self.clear()
         if self.legend is not None:
             self.legend.clear()
-        for index, row in enumerate(self.rows):
+        for position, row in enumerate(self.rows):
+            index = self.colours.get(row["id"], position)
             label = f"{row['id']}: {row.get('name', '')}"
             theory = self.theory.get(row)
             tradeoff = (theory or {}).get("tradeoff")

@@ -204,7 +204,6 @@ class CompareView(QWidget):
         self.group_tabs.blockSignals(False)
         self.group_tabs.setVisible(len(self.groups) > 1)
         self._draw_group()
-        self.membership.show_runs([row for row, _ in runs])
         self._config_table([row for row, _ in runs])
         self.hint.setVisible(len(runs) < 2)
 
@@ -225,6 +224,7 @@ class CompareView(QWidget):
                 plot.legend.clear()
         key = self.shown_group()
         colours = {run_id: index for index, run_id in enumerate(self.run_ids)}
+        self.membership.show_runs([row for row, _ in self.runs if group_key(row) == key], colours)
         for row, data in self.runs:
             if group_key(row) != key:
                 continue

@@ -210,6 +210,9 @@ def test_compare_overlays_one_curve_per_run_in_its_colour_and_the_attack_where_c
     elsewhere = {c.name(): c.opts["pen"].color().name() for c in view.tradeoff.getPlotItem().listDataItems()}
     assert pens["2: r2"] == pens["2: r2 (attack)"] == elsewhere["2: r2"]  # the run's colour in Compare
     assert len({pens["1: r1"], pens["2: r2"], pens["3: r3"]}) == 3
+    view.show_group(("digits", "none"))  # the overlay shows the group the plots show, not every run
+    assert view.membership.curve_count() == {"theory": 0, "attack": 0}
+    assert [r["id"] for r in view.membership.rows] == [4]
 
 
 def test_the_main_window_shows_the_selected_run_in_its_audit_tab(qtbot, tiny_run):
