@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import pyqtgraph as pg
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Qt, QTimer, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
@@ -49,6 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 FPR_LEVELS = ("0.01", "0.001")  # the keys of tpr_at_fpr in the engine's JSON
 LOG_FPR_MIN = 1e-4  # the log axis starts here: below, 5,000 non-members cannot say anything
 BANNER_COLOUR = "#d62728"
+LEGEND_GREY = "#808080"  # Compare's membership legend: line styles, not runs
 CURVES = (  # key, legend name, colour index (workbench.plots), pen style, width
     ("chance", "chance (guessing)", 7, Qt.PenStyle.DashLine, 1.0),
     ("theory", "theory: best possible test", 0, Qt.PenStyle.SolidLine, 2.0),
@@ -578,13 +580,12 @@ def _escape(text: str) -> str:
 # ---- Compare: the curves of several runs on one plot ------------------------------------------------
 class TradeoffOverlay(Plot):
     """The theoretical curve of each run Compare shows (solid) and its attack ROC where one was computed
-    (dashed), in the run's colour in Compare's other plots (its position in the selection). No legend
-    of its own: Compare's accuracy plot names the colours, and two lines a run would leave the plot
-    no room in its corner of the grid."""
+    (dashed), in the run's colour in Compare's other plots (its position in the selection). Its legend
+    says only what solid and dashed mean: Compare's accuracy plot names the colours, and two lines a
+    run left the plot no room in its corner of the grid."""
 
     def __init__(self, theory: TheorySource | None = None, parent: QWidget | None = None):
-        super().__init__("Membership tests (solid: bound, dashed: attack)", "FPR", "TPR", legend=False,
-                         y_bounds=(0.0, 1.0))
+        super().__init__("Membership tests", "FPR", "TPR", y_bounds=(0.0, 1.0))
         self.setToolTip("Solid: the best test each run's guarantee allows (an upper bound); dashed: the loss "
                         "attack's ROC, where the Audit tab computed one (from private data)")
         self.theory = theory or TheorySource(self)
@@ -606,6 +607,12 @@ class TradeoffOverlay(Plot):
         if any(r["id"] == run_id for r in self.rows) and not self._later.isActive():
             self._later.start()
 
+    def _unlisted(self, name: str, index: int, **style: Any) -> pg.PlotDataItem:
+        """A curve named for the hover read-out, but not in the legend (named once added)."""
+        item = self.curve(None, index, **style)
+        item.opts["name"] = name
+        return item
+
     def curve_count(self) -> dict[str, int]:
         """How many theory and attack curves are drawn (for tests and the legend)."""
         names = [c.name() for c in self.named_curves()]
@@ -616,17 +623,19 @@ class TradeoffOverlay(Plot):
         self.clear()
         if self.legend is not None:
             self.legend.clear()
+            for name, style in (("bound (guarantee)", Qt.PenStyle.SolidLine), ("attack (ROC)", Qt.PenStyle.DashLine)):
+                self.legend.addItem(pg.PlotDataItem(pen=pg.mkPen(LEGEND_GREY, width=2.0, style=style)), name)
         for position, row in enumerate(self.rows):
             index = self.colours.get(row["id"], position)
             label = f"{row['id']}: {row.get('name', '')}"
             theory = self.theory.get(row)
             tradeoff = (theory or {}).get("tradeoff")
             if tradeoff:
-                set_curve(self.curve(label, index, width=2.0), np.asarray(tradeoff["fpr"], dtype=float),
+                set_curve(self._unlisted(label, index, width=2.0), np.asarray(tradeoff["fpr"], dtype=float),
                           np.asarray(tradeoff["tpr"], dtype=float))
             audit = membership_result(row.get("summary"))
             if audit is not None:
                 roc = audit["mia"]["roc"]
-                set_curve(self.curve(f"{label} (attack)", index, style=Qt.PenStyle.DashLine),
+                set_curve(self._unlisted(f"{label} (attack)", index, style=Qt.PenStyle.DashLine),
                           np.asarray(roc["fpr"], dtype=float), np.asarray(roc["tpr"], dtype=float))
         self.getPlotItem().getViewBox().setRange(xRange=(0.0, 1.0), yRange=(0.0, 1.0), padding=0.02)
