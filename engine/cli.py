@@ -1151,8 +1151,9 @@ def _load_npy(path: Path, what: str):
 @click.option("--sigma2", type=float, default=None, help="confident: noise std of the answers (GNMax).")
 @click.option("--laplace-scale", type=float, default=None, help="lnmax: scale b of the Laplace noise (gamma = 1/b).")
 @click.option("--answered", "answered_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="A .npy boolean array: which queries were answered. confident: charge the realised answers "
-              "(default: the expected cost, as the 2018 paper's analysis).")
+              help="A .npy boolean array: which queries were answered. confident: the data-dependent epsilon "
+              "charges the realised answers (default: the expected cost, as the 2018 paper's analysis); the "
+              "data-independent one charges every query as answered either way.")
 @click.option("--delta", type=float, required=True, help="Target delta.")
 @click.option("--release", is_flag=True,
               help="Also release the data-dependent epsilon with the smooth-sensitivity mechanism (gnmax, "

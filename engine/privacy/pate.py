@@ -525,11 +525,13 @@ def query_costs(
     """Per-query RDP costs (data-dependent and data-independent) of an aggregator on `votes`.
 
     mechanism "gnmax" (needs `sigma`), "lnmax" (needs `laplace_scale`) or "confident" (needs
-    `threshold`, `sigma1`, `sigma2`). For Confident GNMax every query pays the threshold check and
-    only answered queries pay GNMax [PSMRTE18, Sec. 4.2]: with `answered` (a boolean mask, the
-    released outcome of the checks) the realised cost; without it the expected cost,
-    check + Pr[answered] * GNMax, as the paper's analysis (and then the "data-independent" cost
-    depends on the votes through Pr[answered] too).
+    `threshold`, `sigma1`, `sigma2`). For Confident GNMax the data-dependent cost of a query is the
+    threshold check, plus GNMax where it answers [PSMRTE18, Sec. 4.2]: with `answered` (a boolean
+    mask, the released outcome of the checks) the realised cost; without it the expected cost,
+    check + Pr[answered] * GNMax, as the paper's analysis. Its data-independent cost is the check
+    plus GNMax for every query, answered or not: which queries pass the check depends on the votes,
+    so a bound that counted only the answered ones (or Pr[answered]) would be a function of the
+    private data (the realised path of an adaptive composition), not a bound fixed before it.
     """
     v = _votes(votes)
     alphas = _orders(orders)
@@ -563,15 +565,14 @@ def query_costs(
         pr = np.exp(log_p)
         weight = pr if answered is None else _mask(answered, n).astype(float)
         dd = thr_dd + weight[:, None] * gn_dd
-        return QueryCosts(mechanism, alphas, dd, _di(weight), weight, pr, log_q)
+        return QueryCosts(mechanism, alphas, dd, _di(ones), weight, pr, log_q)
     raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}; got {mechanism!r}")
 
 
 def _data_independent_parts(mechanism: str, *, sigma, sigma1, sigma2, laplace_scale,
                             alphas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Data-independent RDP of one query as (paid by every query, paid by answered queries only):
-    GNMax and LNMax pay their noisy argmax on every answer; Confident GNMax pays the threshold
-    check always and GNMax (sigma2) only when it answers [PSMRTE18, Sec. 4.2]."""
+    """Data-independent RDP of one query as (the threshold check, the noisy argmax): GNMax and LNMax
+    have no check; Confident GNMax's data-independent bound pays both on every query (query_costs)."""
     zero = np.zeros(alphas.size)
     if mechanism == "gnmax":
         return zero, gnmax_rdp_data_independent(sigma=_require("sigma", sigma), orders=alphas)

@@ -223,6 +223,21 @@ def test_confident_costs_realised_and_expected():
     np.testing.assert_allclose(every.data_independent, np.broadcast_to(ORDERS / (2 * 150.0**2) + ORDERS / 1600.0, (50, 6)))
 
 
+def test_confident_data_independent_epsilon_depends_neither_on_the_votes_nor_on_which_queries_passed():
+    """Which queries pass the threshold check depends on the votes: counting GNMax only for them (or
+    with Pr[answered]) made the "data-independent" epsilon a function of the private data (1.73 for
+    unanimous votes and 0.787 for split ones, where answering all gives 2.21). Every query pays both."""
+    kw = dict(mechanism="confident", threshold=200.0, sigma1=150.0, sigma2=40.0, delta=1e-5)
+    unanimous = np.tile([250, 0], (10, 1))
+    split = np.tile([125, 125], (10, 1))
+    worst = pate.epsilon_if_all_answered(num_queries=10, mechanism="confident", sigma1=150.0, sigma2=40.0,
+                                         delta=1e-5)
+    for votes in (unanimous, split):
+        for answered in (None, np.zeros(10, bool), np.arange(10) % 2 == 0, np.ones(10, bool)):
+            res = pate.pate_epsilon(votes=votes, answered=answered, **kw)
+            assert res.epsilon_data_independent == pytest.approx(worst, rel=1e-12)
+
+
 # ---- composition, conversion, budget, properties ---------------------------------------------------
 
 
