@@ -506,6 +506,13 @@ def _log_sum_exp(z: np.ndarray) -> float:
     return m + math.log(float(np.sum(np.exp(z - m))))
 
 
+def _beyond_the_grid(h: float) -> _Composed:
+    """A step whose privacy loss lies almost all beyond +-_LOSS_LIMIT (e.g. sample rate 1 and noise
+    multiplier 0.01: loss about 1 / (2 sigma^2) = 5000): no grid holds it, so all of its mass is
+    counted in delta, which gives epsilon = inf, an upper bound (as a sample rate below 1 already did)."""
+    return _Composed(h=h, first=0, g=np.zeros(1), extra=1.0)
+
+
 def _compose_direction(q: float, sigma: float, steps: int, h: float, add: bool, tail: float) -> _Composed:
     """Discretise one direction and compose it, coarsening h only where the grids would not fit.
 
@@ -513,6 +520,8 @@ def _compose_direction(q: float, sigma: float, steps: int, h: float, add: bool, 
     range (large epsilons) never builds a fine grid that would then be thrown away.
     """
     lo, hi = _loss_range(q, sigma, add)
+    if lo >= hi:
+        return _beyond_the_grid(h)
     h = max(h, (hi - lo) / _MAX_SINGLE_BINS)
     coarse = (hi - lo) / 4096
     if coarse > 16 * h:
@@ -627,6 +636,8 @@ def pld_epsilon_composed(*, mechanisms, delta: float, discretization: float | No
 def _compose_mixed(parts: list[tuple[float, float, int]], h: float, add: bool, tail: float) -> _Composed:
     """Compose several (q, sigma, steps) in one direction on one grid, coarsening h where it must."""
     ranges = [_loss_range(q, sigma, add) for q, sigma, _ in parts]
+    if any(lo >= hi for lo, hi in ranges):
+        return _beyond_the_grid(h)
     h = max([h] + [(hi - lo) / _MAX_SINGLE_BINS for lo, hi in ranges])
     while True:
         singles = [_discretise(q, sigma, h, add, lo, hi) for (q, sigma, _), (lo, hi) in zip(parts, ranges)]

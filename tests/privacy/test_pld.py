@@ -179,3 +179,17 @@ def test_composed_delta_curve_is_decreasing_in_epsilon():
     eps = np.linspace(0.0, 3.0, 4)
     deltas = [pld_delta(sample_rate=0.05, noise_multiplier=1.0, steps=50, epsilon=e) for e in eps]
     assert all(a > b for a, b in zip(deltas, deltas[1:]))
+
+
+def test_a_loss_beyond_the_grid_gives_an_infinite_epsilon_not_an_error():
+    """Sample rate 1 and noise multiplier 0.01: one step's loss is about 1 / (2 sigma^2) = 5000, beyond
+    the loss grid; the bound is inf (as for a sample rate just below 1), alone or composed with others
+    (the ledger), where it raised 'zero-size array' and broke every ledger and report of the store."""
+    from engine.privacy.pld import SubsampledGaussian, pld_epsilon_composed
+
+    for q in (1.0, 0.999):
+        assert pld_epsilon(sample_rate=q, noise_multiplier=0.01, steps=1, delta=1e-5).value == math.inf
+    mixed = [SubsampledGaussian(sample_rate=1.0, noise_multiplier=0.01, steps=1),
+             SubsampledGaussian(sample_rate=0.01, noise_multiplier=1.0, steps=100)]
+    assert pld_epsilon_composed(mechanisms=mixed, delta=1e-5).value == math.inf
+    assert math.isfinite(pld_epsilon(sample_rate=1.0, noise_multiplier=0.04, steps=1, delta=1e-5).value)
