@@ -182,7 +182,7 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
     if plan_only:
         summary = plan_summary(config)
         if as_json:
-            click.echo(json.dumps(summary))
+            echo_json(summary)
         for label, text in [] if as_json else plan_lines(summary):
             click.echo(f"  {label:<14} {text}")
         return
@@ -191,7 +191,7 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
 
     def emit(kind: str, **payload: Any) -> None:
         if as_json:
-            click.echo(json.dumps({"type": kind, **payload}, default=str))
+            echo_json({"type": kind, **payload}, default=str)
         elif kind == "candidate":
             setting = ", ".join(f"{k} = {v!r}" for k, v in payload["setting"].items())
             click.echo(f"candidate {payload['index']}: run {payload['run_id']} ({setting})", err=True)
@@ -386,6 +386,14 @@ class ProgressDisplay:
             self.bar = None
 
 
+def echo_json(value: Any, **dumps: Any) -> None:
+    """Print `value` as strict JSON: an infinite epsilon as "Infinity" (engine.events' encoding, as in the
+    event stream), never the bare Infinity that JSON parsers refuse."""
+    from engine.events import to_json_safe
+
+    click.echo(json.dumps(to_json_safe(value), allow_nan=False, **dumps))
+
+
 def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = False) -> None:
     from engine.publication import NO_GUARANTEE_STATEMENT, NOT_PUBLISHABLE, publishable_epsilon
 
@@ -496,7 +504,7 @@ def list_runs(db: Path | None, as_json: bool, deleted: bool) -> None:
         row.update(tags=run.get("tags") or [], notes=run.get("notes"))
         rows.append(row)
     if as_json:
-        click.echo(json.dumps(rows, indent=1))
+        echo_json(rows, indent=1)
         return
     if not rows:
         click.echo(f"no runs yet in {store.path}")
@@ -525,7 +533,7 @@ def list_deleted(store, *, as_json: bool) -> None:
     """`dpw list --deleted`: the records of deleted runs; their privacy was spent on the data all the same."""
     rows = [{k: r.get(k) for k in DELETED_FIELDS} for r in store.deleted_runs()]
     if as_json:
-        click.echo(json.dumps(rows, indent=1))
+        echo_json(rows, indent=1)
         return
     if not rows:
         click.echo(f"no deleted runs in {store.path}")
@@ -562,7 +570,7 @@ def ledger(db: Path | None, dataset_name: str | None, delta: float | None, as_js
             raise fail(DPWError(f"no runs on dataset {dataset_name!r} in {store.path}",
                                 hint="`dpw ledger` without --dataset lists every dataset"))
     if as_json:
-        click.echo(json.dumps([entry.to_json() for entry in ledgers], indent=1))
+        echo_json([entry.to_json() for entry in ledgers], indent=1)
         return
     if not ledgers:
         click.echo(f"no runs yet in {store.path}")
@@ -599,7 +607,7 @@ def show(run_ref: str, db: Path | None, as_json: bool, include_teacher_stats: bo
         return
     info = run_details(store, run_ref, include_teacher_stats=include_teacher_stats)
     if as_json:
-        click.echo(json.dumps(info, indent=1, default=str))
+        echo_json(info, indent=1, default=str)
         return
     run_row = info["run"]
     print_summary(run_row, include_teacher_stats=include_teacher_stats)
@@ -627,7 +635,7 @@ def show_risk(run_row: dict[str, Any], *, as_json: bool) -> None:
 
     result = run_attack_risk(run_row)
     if as_json:
-        click.echo(json.dumps(result.to_json()))
+        echo_json(result.to_json())
         return
     click.echo(f"run {run_row['id']} ({run_row['name']}): best membership attack its guarantee allows")
     if result.risk is None:
@@ -864,7 +872,7 @@ def _echo_audit(body: dict[str, Any], as_json: bool, heading: str) -> None:
     mia = body["mia"]
     theory = mia.get("theory")
     if as_json:
-        click.echo(json.dumps(body))
+        echo_json(body)
     else:
         eps = f"{body['epsilon']:.4g} at delta {body['delta']:g}" if body.get("epsilon") is not None else "none"
         click.echo(heading)
@@ -964,7 +972,7 @@ def privacy_dpsgd(sample_rate: float, noise_multiplier: float, steps: int, delta
     eps = priv.dpsgd_epsilon(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps,
                              delta=delta, accountant=accountant)
     if as_json:
-        click.echo(json.dumps({"epsilon": eps.value, "delta": eps.delta, "accountant": eps.accountant}))
+        echo_json({"epsilon": eps.value, "delta": eps.delta, "accountant": eps.accountant})
     else:
         click.echo(f"epsilon = {eps.value:.6g} at delta = {eps.delta:g} ({eps.accountant})")
 
@@ -997,7 +1005,7 @@ def privacy_risk(sample_rate: float, noise_multiplier: float, steps: int, delta:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if as_json:
-        click.echo(json.dumps(result.to_json()))
+        echo_json(result.to_json())
         return
     click.echo(f"Best membership attack against DP-SGD (sample rate {sample_rate:g}, noise multiplier "
                f"{noise_multiplier:g}, {steps} steps); every figure is an upper bound")
@@ -1063,7 +1071,7 @@ def privacy_calibrate(sample_rate: float, steps: int, epsilon: float | None, del
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if as_json:
-        click.echo(json.dumps({"noise_multiplier": sigma}))
+        echo_json({"noise_multiplier": sigma})
     elif attack_tpr is not None:
         click.echo(f"noise multiplier = {sigma:.6g} (attack TPR <= {attack_tpr:g} at FPR {at_fpr:g}, pld)")
     else:
@@ -1104,9 +1112,9 @@ def privacy_tuning(sample_rate: float, noise_multiplier: float, steps: int, delt
         raise UserError(str(exc)) from None
     eps, single = result.epsilon, result.single_run
     if as_json:
-        click.echo(json.dumps({"epsilon": eps.value, "delta": eps.delta, "single_run_epsilon": single.value,
-                               "accountant": eps.accountant, "mean_runs": result.mean_runs,
-                               "shape": "inf" if math.isinf(result.shape) else result.shape, "gamma": result.gamma}))
+        echo_json({"epsilon": eps.value, "delta": eps.delta, "single_run_epsilon": single.value,
+                   "accountant": eps.accountant, "mean_runs": result.mean_runs,
+                   "shape": "inf" if math.isinf(result.shape) else result.shape, "gamma": result.gamma})
         return
     if math.isinf(result.shape):
         law = f"Poisson with mean {result.mean_runs:g} (no run at all with probability {math.exp(-result.mean_runs):.3g})"
@@ -1248,7 +1256,7 @@ def privacy_pate(votes_file: Path, mechanism: str, sigma: float | None, threshol
                           "noise": released.noise, "publishable": released.publishable,
                           "caveat": released.caveat}
     if as_json:
-        click.echo(json.dumps(out))
+        echo_json(out)
         return
     expected = " (expected)" if result.answered_is_expected else ""
     lines = [

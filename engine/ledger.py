@@ -6,14 +6,16 @@ the store's runs (and the records of deleted runs) by dataset and bounds their t
 
 - DP-SGD runs whose sample rate, noise multiplier and steps are in the store are composed exactly
   as one privacy event (the PLD of every run's subsampled Gaussian steps on one grid,
-  `engine.privacy.pld.pld_epsilon_composed`), at the dataset's delta;
+  `engine.privacy.pld.pld_epsilon_composed`), at the dataset's delta, with the other Gaussian
+  releases their own epsilons include (DP feature statistics, a private study's noisy scores);
 - every other run (PATE, deleted runs, rows without those numbers) adds its own (epsilon, delta):
   basic composition, always valid;
 - a non-private run, or one whose noise is reproducible from its published seed, makes the total
   unbounded: nothing bounds what it revealed.
 
-Runs of a study are counted one by one, as if each were released (an upper bound on the study's
-own epsilon). A queued run, or one that failed before its first step, spent nothing. Datasets are
+Runs of a study are counted one by one, as if each were released, with their scores: the
+composition of the runs the study actually drew (its number of runs is drawn independently of the
+data), which can be below the study's own epsilon, stated before that number was known. A queued run, or one that failed before its first step, spent nothing. Datasets are
 told apart by the name runs give them (a registry name or a file path): the same people's data
 under two names, or in two stores, is two ledgers here, and its owner must add them.
 """
@@ -43,7 +45,7 @@ class LedgerEntry:
     accountant: str | None
     counted: str  # "composed", "added", "unbounded", "none"
     why: str = ""
-    dpsgd: SubsampledGaussian | None = None
+    gaussians: tuple[SubsampledGaussian, ...] = ()  # composed by PLD: DP-SGD's steps, DP statistics, a study's score
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.run_id, "name": self.name, "mechanism": self.mechanism, "status": self.status,
@@ -81,13 +83,15 @@ class DatasetLedger:
                    f"{self.unbounded[0].why})"
         if not spending:
             return "no privacy spent yet"
+        if not math.isfinite(self.epsilon):
+            return f"{runs}: no finite bound (ε = inf: a run's noise is too small for any bound on it)"
         text = f"{runs}: together (ε = {self.epsilon:.4g}, δ = {self.delta:.3g})-DP"
         if self.still_running:
             text += f"; still growing: run {', '.join(map(str, self.still_running))} is running"
         return text
 
     def to_json(self) -> dict[str, Any]:
-        bounded = not self.unbounded
+        bounded = not self.unbounded and math.isfinite(self.epsilon)
         return {"dataset": self.dataset, "epsilon": self.epsilon if bounded else None,
                 "delta": self.delta if bounded else None, "bounded": bounded, "statement": self.statement(),
                 "composed": None if self.composed_epsilon is None else
@@ -111,13 +115,34 @@ def live_entry(run: dict[str, Any]) -> LedgerEntry:
     eps = run_epsilon(run)
     q, sigma, steps = run.get("sample_rate"), run.get("noise_multiplier"), run.get("steps_done")
     if run.get("mechanism") == "dpsgd" and q and sigma and steps:
+        training = (SubsampledGaussian(float(q), float(sigma), int(steps)),)
         return LedgerEntry(**common, epsilon=eps.value, delta=eps.delta, accountant=eps.accountant,
-                           counted="composed", dpsgd=SubsampledGaussian(float(q), float(sigma), int(steps)))
+                           counted="composed", gaussians=training + _released_statistics(run) + _study_score(run))
     if eps.value is None:
         return LedgerEntry(**common, epsilon=None, delta=None, accountant=None, counted="none",
                            why="no step taken")
     return LedgerEntry(**common, epsilon=eps.value, delta=eps.delta or 0.0, accountant=eps.accountant,
-                       counted="added")
+                       counted="added", gaussians=_study_score(run))
+
+
+def _released_statistics(run: dict[str, Any]) -> tuple[SubsampledGaussian, ...]:
+    """normalization = "dp": the feature statistics released before training, a Gaussian mechanism
+    of sensitivity 1 (engine.privacy.feature_stats), which the run's own epsilon includes."""
+    config = run.get("config") or {}
+    multiplier = config.get("normalization_noise_multiplier")
+    if config.get("normalization") != "dp" or not multiplier:
+        return ()
+    return (SubsampledGaussian(1.0, float(multiplier), 1),)
+
+
+def _study_score(run: dict[str, Any]) -> tuple[SubsampledGaussian, ...]:
+    """A private study's candidate: its noisy score on the data (sensitivity 1, engine.study.score_rdp),
+    which the study's epsilon includes, counted whether or not the candidate was scored."""
+    study = run.get("study") or {}
+    multiplier = (study.get("config") or {}).get("score_noise_multiplier")
+    if study.get("mode") != "private" or not multiplier:
+        return ()
+    return (SubsampledGaussian(1.0, float(multiplier), 1),)
 
 
 def deleted_entry(record: dict[str, Any]) -> LedgerEntry:
@@ -151,14 +176,15 @@ def _total(dataset: str, entries: list[LedgerEntry], delta: float | None) -> Dat
     running = [e.run_id for e in entries if e.status == "running" and not e.deleted]
     if any(e.counted == "unbounded" for e in entries):
         return DatasetLedger(dataset, entries, math.inf, 0.0, still_running=running)
-    composed = [e for e in entries if e.counted == "composed"]
+    composed = [e for e in entries if e.counted in ("composed", "added") and e.gaussians]
     added = [e for e in entries if e.counted == "added"]
     epsilon = sum(e.epsilon for e in added)
     total_delta = sum(e.delta for e in added)
     composed_epsilon = composed_delta = None
     if composed:
         composed_delta = delta if delta is not None else max(e.delta or 0.0 for e in composed)
-        composed_epsilon = pld_epsilon_composed(mechanisms=[e.dpsgd for e in composed], delta=composed_delta).value
+        gaussians = [g for e in composed for g in e.gaussians]
+        composed_epsilon = pld_epsilon_composed(mechanisms=gaussians, delta=composed_delta).value
         epsilon += composed_epsilon
         total_delta += composed_delta
     return DatasetLedger(dataset, entries, epsilon, total_delta, composed_epsilon, composed_delta, running)

@@ -35,6 +35,27 @@ def test_two_dpsgd_runs_compose_like_one_run_of_their_steps():
     assert "2 runs: together (ε = " in ledger.statement()
 
 
+def test_the_gaussian_releases_a_runs_epsilon_includes_are_composed_with_its_steps():
+    """normalization = "dp" releases feature statistics before training, and a private study scores
+    each candidate with Gaussian noise: the run's (or study's) epsilon includes them, so the ledger
+    does too; it stated 4.13 for a run whose own epsilon was 5.30."""
+    from engine.privacy.pld import SubsampledGaussian, pld_epsilon_composed
+
+    statistics = dpsgd(1, config={"reproducible_noise": False, "normalization": "dp",
+                                  "normalization_noise_multiplier": 2.0})
+    (ledger,) = dataset_ledgers([statistics], [])
+    steps = pld_epsilon(sample_rate=0.05, noise_multiplier=1.0, steps=100, delta=1e-5).value
+    with_statistics = pld_epsilon_composed(mechanisms=[SubsampledGaussian(0.05, 1.0, 100),
+                                                       SubsampledGaussian(1.0, 2.0, 1)], delta=1e-5).value
+    assert ledger.epsilon == pytest.approx(with_statistics, rel=1e-6) and ledger.epsilon > steps * 1.05
+    study = {"id": 7, "mode": "private", "status": "finished", "config": {"score_noise_multiplier": 5.0}}
+    (scored,) = dataset_ledgers([dpsgd(2, study=study), dpsgd(3, study=study)], [])
+    expected = pld_epsilon_composed(mechanisms=[SubsampledGaussian(0.05, 1.0, 100)] * 2
+                                    + [SubsampledGaussian(1.0, 5.0, 1)] * 2, delta=1e-5).value
+    assert scored.epsilon == pytest.approx(expected, rel=1e-6)
+    assert scored.epsilon > pld_epsilon(sample_rate=0.05, noise_multiplier=1.0, steps=200, delta=1e-5).value
+
+
 def test_other_runs_and_deleted_ones_add_their_epsilon_and_delta():
     pate = {"id": 3, "name": "p", "mechanism": "pate", "dataset": "digits", "status": "finished",
             "started": "2026-11-24T10:00:00+00:00", "epsilon": 2.0, "delta": 1e-5, "accountant": "pate-di",
@@ -104,3 +125,17 @@ def test_dpw_ledger_on_a_real_store_with_a_deleted_run(tmp_path):
     assert text.exit_code == 0 and text.output.startswith("digits: 2 runs (1 deleted): together (ε = ")
     missing = CliRunner().invoke(cli, ["ledger", "--db", str(store.path), "--dataset", "mnist"])
     assert missing.exit_code != 0 and "no runs on dataset 'mnist'" in missing.output
+
+
+def test_an_infinite_epsilon_is_unbounded_and_strict_json(tmp_path):
+    """A run of epsilon inf (a noise multiplier far too small): the ledger says it has no finite
+    bound ("bounded": false, epsilon null), and every --json output is strict JSON ("Infinity")."""
+    (ledger,) = dataset_ledgers([dpsgd(1, q=1.0, sigma=0.01, steps=1, epsilon=math.inf)], [])
+    assert ledger.epsilon == math.inf and "no finite bound" in ledger.statement()
+    body = ledger.to_json()
+    assert body["bounded"] is False and body["epsilon"] is None
+    runner = CliRunner()
+    result = runner.invoke(cli, ["privacy", "dpsgd", "--sample-rate", "1", "--noise-multiplier", "0.01", "--steps", "1",
+                                 "--delta", "1e-5", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output, parse_constant=lambda c: pytest.fail(f"bare {c}"))["epsilon"] == "Infinity"
