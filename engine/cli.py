@@ -1210,8 +1210,16 @@ def privacy_pate(votes_file: Path, mechanism: str, sigma: float | None, threshol
     ):
         raise UserError(f"--votes {votes_file}: expected integer vote counts of shape (queries, classes >= 2); "
                         f"got {votes.dtype} of shape {votes.shape}")
-    if votes.size and votes.min() < 0:
+    if votes.shape[0] == 0:
+        raise UserError(f"--votes {votes_file}: holds no query (shape {votes.shape}); give one row of counts per query")
+    if votes.min() < 0:
         raise UserError(f"--votes {votes_file}: vote counts must be >= 0; found {votes.min()}")
+    from engine.config import config_fields
+
+    most, teachers = int(votes.sum(axis=1).max()), next(s.maximum for n, _, s in config_fields() if n == "num_teachers")
+    if most > teachers:
+        raise UserError(f"--votes {votes_file}: a query has {most:,} votes, more than the {teachers:,} teachers "
+                        f"a run may have; give one vote per teacher")
     answered = None
     if answered_file is not None:
         answered = _load_npy(answered_file, "--answered")

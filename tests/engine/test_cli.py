@@ -272,3 +272,17 @@ def test_a_failed_run_states_its_error_once_in_the_summary(tmp_path):
     assert "  error          the teachers' training diverged" in ran.stdout
     assert "  hint           lower the learning_rate" in ran.stdout
     assert (ran.stdout + ran.stderr).count("the teachers' training diverged") == 1, ran.stderr
+
+
+@pytest.mark.parametrize("votes, words", [
+    ("empty", "holds no query (shape (0, 3)); give one row of counts per query"),
+    ("huge", "a query has 1,000,000,000,000,005 votes, more than the 100,000 teachers a run may have"),
+])
+def test_privacy_pate_refuses_votes_no_run_could_give_in_one_line(tmp_path, votes, words):
+    import numpy as np
+
+    path = tmp_path / f"{votes}.npy"
+    np.save(path, np.zeros((0, 3), int) if votes == "empty" else np.array([[10**15, 0], [5, 10**15]]))
+    result = CliRunner().invoke(cli, ["privacy", "pate", "--votes", str(path), "--mechanism", "gnmax", "--sigma", "40",
+                                      "--delta", "1e-5", "--release"])
+    assert result.exit_code != 0 and words in result.output and "Traceback" not in result.output
