@@ -129,23 +129,24 @@ def _private_study_profile(run: dict[str, Any], study: dict[str, Any]):
 
 def pate_data_independent_rdp(run: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """(orders, RDP) of a PATE run's data-independent bound: every query asked pays the aggregator's
-    always-paid part (Confident GNMax's threshold check), every answered one its noisy argmax."""
+    noisy argmax and (Confident GNMax) its threshold check (engine.privacy.pate.data_independent_rdp)."""
     from engine.privacy import pate as analysis
 
     config = run.get("config") or {}
-    summary = run.get("summary") or {}
-    queries, answered = int(summary.get("queries") or 0), float(summary.get("answered") or 0)
+    queries = int((run.get("summary") or {}).get("queries") or 0)
     orders = analysis.PATE_ORDERS
+    return orders, analysis.data_independent_rdp(mechanism=config.get("aggregator"), num_queries=queries,
+                                                 orders=orders, **pate_noise(config))
+
+
+def pate_noise(config: dict[str, Any]) -> dict[str, float]:
+    """The aggregator's noise settings of a PATE config, named as engine.privacy.pate names them."""
     aggregator = config.get("aggregator")
-    always = np.zeros(orders.size)
     if aggregator == "gnmax":
-        per_answer = analysis.gnmax_rdp_data_independent(sigma=config["gnmax_sigma"], orders=orders)
-    elif aggregator == "lnmax":
-        per_answer = analysis.lnmax_rdp_data_independent(laplace_scale=config["laplace_scale"], orders=orders)
-    else:
-        always = analysis.threshold_rdp_data_independent(sigma1=config["sigma1"], orders=orders)
-        per_answer = analysis.gnmax_rdp_data_independent(sigma=config["sigma2"], orders=orders)
-    return orders, queries * always + answered * per_answer
+        return {"sigma": config["gnmax_sigma"]}
+    if aggregator == "lnmax":
+        return {"laplace_scale": config["laplace_scale"]}
+    return {"sigma1": config["sigma1"], "sigma2": config["sigma2"]}
 
 
 def _pate_profile(run: dict[str, Any]):

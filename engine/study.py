@@ -132,17 +132,12 @@ def candidate_rdp(config: RunConfig, num_train: int, orders=DEFAULT_ORDERS) -> n
 
 
 def pate_candidate_rdp(config: RunConfig, orders=DEFAULT_ORDERS) -> np.ndarray:
-    """Data-independent RDP of a PATE run answering all its `num_queries` [PSMRTE18]: GNMax and LNMax
-    pay their noisy argmax per query, Confident GNMax its threshold check (sigma1) and GNMax (sigma2)."""
-    orders = np.asarray(orders, dtype=float)
-    if config.aggregator == "gnmax":
-        per_query = pate_privacy.gnmax_rdp_data_independent(sigma=config.gnmax_sigma, orders=orders)
-    elif config.aggregator == "lnmax":
-        per_query = pate_privacy.lnmax_rdp_data_independent(laplace_scale=config.laplace_scale, orders=orders)
-    else:
-        per_query = (pate_privacy.threshold_rdp_data_independent(sigma1=config.sigma1, orders=orders)
-                     + pate_privacy.gnmax_rdp_data_independent(sigma=config.sigma2, orders=orders))
-    return config.num_queries * per_query
+    """Data-independent RDP of a PATE run asking all its `num_queries` [PSMRTE18]
+    (engine.privacy.pate.data_independent_rdp)."""
+    from engine.attack_risk import pate_noise
+
+    return pate_privacy.data_independent_rdp(mechanism=config.aggregator, num_queries=config.num_queries,
+                                             orders=orders, **pate_noise(config.to_dict()))
 
 
 def _dpsgd_plan(config: RunConfig, num_train: int):

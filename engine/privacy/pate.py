@@ -699,12 +699,23 @@ def _to_epsilon(alphas: np.ndarray, rdp: np.ndarray, delta: float) -> Epsilon:
     return rdp_to_epsilon(orders=alphas, rdp=rdp, delta=delta)
 
 
-def epsilon_if_all_answered(*, mechanism: str, num_queries: int, delta: float, sigma: float | None = None,
-                            sigma1: float | None = None, sigma2: float | None = None,
-                            laplace_scale: float | None = None, orders=PATE_ORDERS) -> float:
-    """The data-independent epsilon of answering all `num_queries` queries: a bound known before
-    any teacher votes (Confident GNMax pays the threshold check and GNMax for every query)."""
+def data_independent_rdp(*, mechanism: str, num_queries: int, sigma: float | None = None,
+                         sigma1: float | None = None, sigma2: float | None = None,
+                         laplace_scale: float | None = None, orders=PATE_ORDERS) -> np.ndarray:
+    """RDP at `orders` of asking `num_queries` queries whatever the votes: each pays its noisy argmax and
+    (Confident GNMax) its threshold check, answered or not (query_costs says why)."""
     alphas = _orders(orders)
     always, per_answer = _data_independent_parts(mechanism, sigma=sigma, sigma1=sigma1, sigma2=sigma2,
                                                  laplace_scale=laplace_scale, alphas=alphas)
-    return _to_epsilon(alphas, int(num_queries) * (always + per_answer), _delta(delta)).value
+    return int(num_queries) * (always + per_answer)
+
+
+def epsilon_if_all_answered(*, mechanism: str, num_queries: int, delta: float, sigma: float | None = None,
+                            sigma1: float | None = None, sigma2: float | None = None,
+                            laplace_scale: float | None = None, orders=PATE_ORDERS) -> float:
+    """The data-independent epsilon of `num_queries` queries (data_independent_rdp): a bound known
+    before any teacher votes."""
+    alphas = _orders(orders)
+    rdp = data_independent_rdp(mechanism=mechanism, num_queries=num_queries, sigma=sigma, sigma1=sigma1,
+                               sigma2=sigma2, laplace_scale=laplace_scale, orders=alphas)
+    return _to_epsilon(alphas, rdp, _delta(delta)).value
