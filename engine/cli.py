@@ -64,13 +64,19 @@ db_option = click.option(
 )
 
 
-def open_store(db: Path | None):
-    from engine.store import Store, default_db_path
+def open_store(db: Path | None, *, create: bool = False):
+    """The store at --db (or the default); only the commands that store runs (`create`) make a new one:
+    a command that reads, given a path where no store is, says so instead of creating an empty one
+    (and the folders above it) at a mistyped path."""
+    from engine.store import Store, check_store_path, default_db_path
 
     path = db or default_db_path()
     context = click.get_current_context(silent=True)
     if context is not None:
         context.meta[STORE_PATH] = path
+    if not create and not check_store_path(path) and not path.exists():
+        raise UserError(f"no store at {path.absolute()}: no run was stored there — check the --db path (or "
+                        f"$DPW_DB); dpw run creates the store with its first run")
     return Store(path)
 
 
@@ -146,7 +152,7 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
         sys.exit(subprocess.call(launch.command(["--data-dir", config.data_dir] if config.data_dir else [])))
     from engine.precheck import check_before_storing
 
-    store = open_store(db)
+    store = open_store(db, create=True)
     store.check_writable()  # a store that cannot take the run says so before the data is loaded
     check_before_storing(config)
     run_id = store.create_run(config)
@@ -186,7 +192,7 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
         for label, text in [] if as_json else plan_lines(summary):
             click.echo(f"  {label:<14} {text}")
         return
-    store = open_store(db)
+    store = open_store(db, create=True)
     store.check_writable()
 
     def emit(kind: str, **payload: Any) -> None:

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from engine import privacy
 from engine.cli import cli
+from engine.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,6 +79,7 @@ def test_privacy_rdp_accountant_is_selectable():
     ],
 )
 def test_user_errors_are_one_line_without_traceback(tmp_path, args, words):
+    Store(tmp_path / "r.sqlite").close()
     result = CliRunner().invoke(cli, [*args, *(["--db", str(tmp_path / "r.sqlite")] if args[0] == "show" else [])])
     assert result.exit_code == 1
     assert "Traceback" not in result.output
@@ -286,3 +288,11 @@ def test_privacy_pate_refuses_votes_no_run_could_give_in_one_line(tmp_path, vote
     result = CliRunner().invoke(cli, ["privacy", "pate", "--votes", str(path), "--mechanism", "gnmax", "--sigma", "40",
                                       "--delta", "1e-5", "--release"])
     assert result.exit_code != 0 and words in result.output and "Traceback" not in result.output
+
+
+def test_a_command_that_reads_never_creates_a_store_at_a_mistyped_path(tmp_path):
+    typo = tmp_path / "typo" / "runs.sqltie"
+    for args in (["list"], ["ledger"], ["show", "1"]):
+        result = CliRunner().invoke(cli, [*args, "--db", str(typo)])
+        assert result.exit_code == 1 and f"no store at {typo}" in result.output, result.output
+    assert not (tmp_path / "typo").exists()

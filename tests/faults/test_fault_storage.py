@@ -128,17 +128,22 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", disk], capture_output=True)
 
 
-def test_a_store_first_opened_on_a_full_disk_is_refused_in_one_line_and_opens_once_there_is_room(small_disk):
+def test_a_store_first_opened_on_a_full_disk_is_refused_in_one_line_and_opens_once_there_is_room(small_disk,
+                                                                                                tmp_path):
     """A real full file system (small_disk): the schema creation fails as a whole, and the same path works
     once space is freed."""
     filler = small_disk / "filler"
     with open(filler, "wb") as f:  # leave about 60 KB: too little for a new store's first transaction
         f.write(b"\0" * (140 * 1024))
     db = small_disk / "runs.sqlite"
-    refused = dpw("list", "--db", db)
+    # dpw run creates the store before it checks the config against the data: this one then stops there.
+    config = write_toml(tmp_path / "delta.toml", dict(DIGITS, delta=0.5))
+    refused = dpw("run", config, "--db", db)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
     assert "full" in refused.stderr and "bug" not in refused.stderr
     filler.unlink()
+    created = dpw("run", config, "--db", db)
+    assert created.returncode == 1 and "delta" in created.stderr and "full" not in created.stderr, created.stderr
     listed = dpw("list", "--db", db)
     assert listed.returncode == 0 and "no runs yet" in listed.stdout, listed.stderr
     assert Store(db).schema_version == SCHEMA_VERSION
@@ -149,7 +154,7 @@ def test_a_full_disk_under_an_existing_store_is_named_as_such_and_leaves_it_inta
     even `dpw list` fails; both it and `dpw run` say the disk is full (was "disk I/O error ... check that the
     file exists"), and once there is room the store is as it was."""
     db = small_disk / "runs.sqlite"
-    assert dpw("list", "--db", db).returncode == 0  # created while there was room
+    Store(db).close()  # created while there was room
     filler = small_disk / "filler"
     with open(filler, "wb", buffering=0) as f:
         try:
