@@ -8,7 +8,7 @@ reads only the run's public parameters and calls the pure functions of `engine.p
   is composed with training by RDP, so the profile is the one implied by that RDP curve.
 - PATE: the publishable epsilon is the smaller of the data-independent bound and the smooth-
   sensitivity release; only the data-independent bound has a full RDP curve (recomputed from the
-  aggregator's noise and the numbers of queries asked and answered), so the figures come from it
+  aggregator's noise and the number of queries asked, each charged as answered), so the figures come from it
   and say so. They are upper bounds either way (the data-independent bound is a valid guarantee).
 - A non-private run or a reproducible-noise run: no figures, and the reason.
 """
@@ -27,7 +27,7 @@ BASIS_RDP_STATISTICS = ("DP-SGD with DP feature statistics: RDP of the training 
                         "statistics' Gaussian release")
 BASIS_PRIVATE_STUDY = ("private tuning study: RDP curve of repeat-and-select over its candidates (training and "
                        "noisy score), engine.study")
-BASIS_PATE_DI = "PATE: RDP curve of the data-independent bound (queries asked and answered)"
+BASIS_PATE_DI = "PATE: RDP curve of the data-independent bound (every query asked charged as answered)"
 BASIS_PATE_DI_NOT_RELEASED = (BASIS_PATE_DI + "; the released epsilon is smaller but has no stored RDP "
                               "curve, so these figures are looser than the publishable epsilon")
 
