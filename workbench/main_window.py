@@ -33,7 +33,7 @@ from workbench.precheck_client import PrecheckClient, check_while_painting
 from workbench.first_start import first_config
 from workbench.probe import EngineProbe
 from workbench.run_data import RunData
-from workbench.runs_model import RunsTable, has_model
+from workbench.runs_model import COLUMNS, RunsTable, has_model
 from workbench.runs_panel import RunsPanel
 from workbench.settings import Settings
 from workbench.study_dialog import STUDY_FILTER, StudyPlanDialog, StudyProcess
@@ -48,9 +48,13 @@ def first_config_folder() -> Path:
     """Where the first Open config / Study dialog starts, before a folder is remembered: the bundled
     examples (runs and studies to start from), else the working folder."""
     return EXAMPLES_DIR if EXAMPLES_DIR.is_dir() else Path.cwd()
+
+
 VOTES_REFRESH_MS = 500
 LIST_REFRESH_MS = 1500
 TOML_FILTER = "Run configs (*.toml)"
+RUNS_VIEW_KEY = "runs/view"  # {"sort", "descending", "show_deleted", "selected"}, remembered between sessions
+AUDIT_LOG_KEY = "audit/log_fpr"
 
 
 class MainWindow(QMainWindow):
@@ -83,6 +87,7 @@ class MainWindow(QMainWindow):
         self.restore_settings()
         self.store.wait_ready()
         self.refresh_runs()
+        self._restore_selection()
         self._update_run_actions()
 
         self.list_timer = QTimer(self)
@@ -254,6 +259,20 @@ class MainWindow(QMainWindow):
         tab = s.json("window/tab", 0)
         if isinstance(tab, int) and 0 <= tab < self.tabs.count():
             self.tabs.setCurrentIndex(tab)
+        view = s.json(RUNS_VIEW_KEY, {})
+        view = view if isinstance(view, dict) else {}
+        keys = [key for key, _ in COLUMNS]
+        if view.get("sort") in keys:
+            order = Qt.SortOrder.DescendingOrder if view.get("descending") else Qt.SortOrder.AscendingOrder
+            self.runs_view.sortByColumn(keys.index(view["sort"]), order)
+        self.runs_panel.show_deleted.setChecked(bool(view.get("show_deleted")))
+        self.audit.log_fpr.setChecked(bool(s.json(AUDIT_LOG_KEY, self.audit.log_fpr.isChecked())))
+
+    def _restore_selection(self) -> None:
+        """The run selected when the window last closed, if the store still has it."""
+        selected = (self.settings.json(RUNS_VIEW_KEY, {}) or {}).get("selected")
+        if isinstance(selected, int) and self.runs_model.row_of(selected) is not None:
+            self.select_run(selected)
 
     def save_settings(self) -> None:
         s = self.settings
@@ -263,6 +282,12 @@ class MainWindow(QMainWindow):
         s.set_bytes("compare/splitter", self.compare.splitter.saveState())
         s.set_json("setup/texts", self.form.texts())
         s.set_json("window/tab", self.tabs.currentIndex())
+        s.set_json(RUNS_VIEW_KEY, {"sort": COLUMNS[self.runs_model.sortColumn()][0]
+                                   if 0 <= self.runs_model.sortColumn() < len(COLUMNS) else "id",
+                                   "descending": self.runs_model.sortOrder() == Qt.SortOrder.DescendingOrder,
+                                   "show_deleted": self.runs_panel.show_deleted.isChecked(),
+                                   "selected": self.current_run_id})
+        s.set_json(AUDIT_LOG_KEY, self.audit.log_fpr.isChecked())
         s.sync()
 
     def quit_by_user(self) -> None:

@@ -287,6 +287,24 @@ def test_clicking_a_header_sorts_numbers_as_numbers(window, qtbot):
     assert shown_names(window)[:3] == ["alpha-digits", "delta-mnist", "beta-mnist"]
 
 
+def test_sort_order_show_deleted_log_scale_and_selected_run_are_remembered(window, qtbot, db_path):
+    made = past_runs(window)
+    window.runs_view.sortByColumn(column("epsilon"), Qt.SortOrder.DescendingOrder)
+    window.runs_panel.show_deleted.setChecked(True)
+    window.audit.log_fpr.setChecked(not window.audit.log_fpr.isChecked())
+    log = window.audit.log_fpr.isChecked()
+    window.select_run(made["beta-mnist"])
+    window.close()
+    again = MainWindow(db_path, probe=False)
+    qtbot.addWidget(again)
+    again.show()
+    assert shown_names(again)[:3] == ["alpha-digits", "delta-mnist", "beta-mnist"]
+    assert again.runs_view.horizontalHeader().sortIndicatorSection() == column("epsilon")
+    assert again.runs_panel.show_deleted.isChecked() and again.audit.log_fpr.isChecked() == log
+    assert again.current_run_id == made["beta-mnist"]
+    again.close()
+
+
 def test_the_search_box_filters_by_name_dataset_mechanism_and_status(window, qtbot):
     past_runs(window)
     search = window.runs_panel.search
