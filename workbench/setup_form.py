@@ -375,8 +375,11 @@ class SetupForm(QWidget):
             else:
                 if not self._showing_estimate:
                     # Replace a message about invalid settings at once; an older estimate stays until
-                    # the new one arrives (no flicker while typing).
+                    # the new one arrives (no flicker while typing), greyed out: it is of the old settings.
                     self._set_preview("Estimating the privacy cost…", estimate=False)
+                else:
+                    self.preview_label.setEnabled(False)
+                    self.preview_label.setToolTip("Updating for the settings just changed…")
                 self.preview.request(config, size)
         else:
             self.preview.request(None, None, "Fix the settings marked " + INVALID_MARK
@@ -440,6 +443,8 @@ class SetupForm(QWidget):
     def _set_preview(self, text: str, *, estimate: bool) -> None:
         self._showing_estimate = estimate
         self.preview_label.setText(text)
+        self.preview_label.setEnabled(True)  # current again
+        self.preview_label.setToolTip("")
 
     def _show_preview(self, text: str, estimate: bool = False) -> None:
         self._set_preview(text, estimate=estimate)

@@ -96,7 +96,12 @@ def test_cost_preview_computes_epsilon_off_the_gui_thread(form, qtbot):
     form.set_value("noise_multiplier", "1.1")
     form.set_value("epochs", "1")
     qtbot.waitUntil(lambda: "ε =" in form.preview_label.text(), timeout=20000)
-    assert "steps" in form.preview_label.text()
+    assert "steps" in form.preview_label.text() and form.preview_label.isEnabled()
+    before = form.preview_label.text()
+    form.set_value("epochs", "2")
+    assert not form.preview_label.isEnabled()  # the old estimate stays, greyed out, until the new one
+    qtbot.waitUntil(lambda: form.preview_label.text() != before, timeout=20000)
+    assert form.preview_label.isEnabled()
     form.set_value("noise_multiplier", "")
     form.set_value("target_epsilon", "3")
     qtbot.waitUntil(lambda: "Noise multiplier σ" in form.preview_label.text(), timeout=20000)
