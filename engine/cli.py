@@ -14,6 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -930,6 +931,33 @@ def datasets() -> None:
 
     for info in list_datasets():
         click.echo(f"{info.name:15} {info.kind:6} {info.description}")
+
+
+@cli.command()
+@click.argument("names", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array: name, default, allowed, mechanisms, help.")
+def settings(names: tuple[str, ...], as_json: bool) -> None:
+    """List the settings a run config may hold (every one a top-level key of the TOML file): default,
+    allowed values and what each does; with NAMES, only those.
+
+    Example: dpw settings noise_multiplier delta
+    """
+    from engine.config import as_toml, config_fields
+
+    fields = [(n, d, s) for n, d, s in config_fields() if not names or n in names]
+    unknown = sorted(set(names) - {n for n, _, _ in fields})
+    if unknown:
+        raise UserError(f"no setting named {', '.join(map(repr, unknown))}; dpw settings lists them all")
+    rows = [{"name": n, "default": d, "allowed": s.allowed(), "mechanisms": list(s.mechanisms) or None,
+             "help": s.help} for n, d, s in fields]
+    if as_json:
+        echo_json(rows, indent=1)
+        return
+    for row in rows:
+        default = "unset" if row["default"] is None else as_toml(row["default"])
+        used = f"; {', '.join(row['mechanisms'])} only" if row["mechanisms"] else ""
+        click.echo(f"{row['name']} = {default}    ({row['allowed']}{used})")
+        click.echo(textwrap.fill(row["help"], width=100, initial_indent="    ", subsequent_indent="    "))
 
 
 @cli.command()

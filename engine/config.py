@@ -64,16 +64,12 @@ class FieldSpec:
             return "one of " + ", ".join(repr(c) for c in self.choices)
         parts = []
         if self.minimum is not None:
-            parts.append(("> " if self.exclusive_minimum else ">= ") + _fmt(self.minimum))
+            parts.append(("> " if self.exclusive_minimum else ">= ") + as_toml(self.minimum))
         if self.maximum is not None:
-            parts.append(("< " if self.exclusive_maximum else "<= ") + _fmt(self.maximum))
+            parts.append(("< " if self.exclusive_maximum else "<= ") + as_toml(self.maximum))
         kind = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}[self.kind]
         text = kind + (" " + " and ".join(parts) if parts else "")
         return text + (", or unset" if self.optional else "")
-
-
-def _fmt(x: float) -> str:
-    return f"{x:g}"
 
 
 def _spec(default: Any, **kwargs: Any) -> Any:
@@ -524,7 +520,8 @@ class RunConfig:
         for key in values:
             if key not in known:
                 close = difflib.get_close_matches(key, known, n=1)
-                hint = f"did you mean '{close[0]}'?" if close else "known fields: " + ", ".join(sorted(known))
+                hint = (f"did you mean '{close[0]}'?" if close else
+                        "every setting is a top-level key (no [tables]); `dpw settings` lists them")
                 raise ConfigError(key, "is not a known setting", hint=hint)
         return cls(**{k: _coerce(k, v) for k, v in values.items()})
 
@@ -688,6 +685,17 @@ def _coerce(name: str, value: Any) -> Any:
     return value
 
 
+def as_toml(value: Any) -> str:
+    """A value as a config file spells it (true, not True; a whole number in full, not 9.22e+18)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}" if math.isfinite(value) else ("nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"))
+    if isinstance(value, int):
+        return str(value)
+    return repr(value)
+
+
 def check_field(name: str, value: Any) -> ConfigError | None:
     """The error for one field's value on its own, or None when it is allowed."""
     spec = field_spec(name)
@@ -697,11 +705,11 @@ def check_field(name: str, value: Any) -> ConfigError | None:
     if spec.kind is float and isinstance(value, int) and not isinstance(value, bool):
         ok_type = True
     if not ok_type:
-        return ConfigError(name, f"{value!r} is not {spec.allowed()}")
+        return ConfigError(name, f"{as_toml(value)} is not {spec.allowed()}")
     if spec.kind is float and not math.isfinite(value):
-        return ConfigError(name, f"{value!r} is not a finite number", hint=f"allowed: {spec.allowed()}")
+        return ConfigError(name, f"{as_toml(value)} is not a finite number", hint=f"allowed: {spec.allowed()}")
     if spec.choices is not None and value not in spec.choices:
-        return ConfigError(name, f"{value!r} is not {spec.allowed()}")
+        return ConfigError(name, f"{as_toml(value)} is not {spec.allowed()}")
     if spec.kind in (int, float):
         too_low = spec.minimum is not None and (
             value <= spec.minimum if spec.exclusive_minimum else value < spec.minimum
@@ -710,7 +718,7 @@ def check_field(name: str, value: Any) -> ConfigError | None:
             value >= spec.maximum if spec.exclusive_maximum else value > spec.maximum
         )
         if too_low or too_high:
-            return ConfigError(name, f"{value:g} is out of range; allowed: {spec.allowed()}")
+            return ConfigError(name, f"{as_toml(value)} is out of range; allowed: {spec.allowed()}")
     if spec.kind is str and not value.strip() and not spec.optional:
         return ConfigError(name, "must not be empty")
     return None

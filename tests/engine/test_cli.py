@@ -39,7 +39,7 @@ def test_privacy_dpsgd_json_matches_the_library_and_does_not_import_torch():
     assert result == {"epsilon": expected.value, "delta": 1e-5, "accountant": "pld"}
 
 
-@pytest.mark.parametrize("command, first_name", [("datasets", "mnist"), ("models", "mnist_cnn")])
+@pytest.mark.parametrize("command, first_name", [("datasets", "mnist"), ("models", "mnist_cnn"), ("settings", "name")])
 def test_registry_listings_answer_without_importing_torch(command, first_name):
     code = (
         f"import sys; from engine.cli import main; sys.argv=['dpw', {command!r}]\n"
@@ -50,6 +50,19 @@ def test_registry_listings_answer_without_importing_torch(command, first_name):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[0] == first_name
+
+
+def test_dpw_settings_lists_every_config_field_with_its_default_and_range():
+    from engine.config import config_fields
+
+    listed = json.loads(CliRunner().invoke(cli, ["settings", "--json"]).output)
+    assert [row["name"] for row in listed] == [name for name, _, _ in config_fields()]
+    delta = next(row for row in listed if row["name"] == "delta")
+    assert delta["allowed"] == "a number > 0 and < 1" and delta["default"] == 1e-5
+    one = CliRunner().invoke(cli, ["settings", "delta"]).output
+    assert one.startswith("delta = 1e-05    (a number > 0 and < 1") and "1/N" in one
+    unknown = CliRunner().invoke(cli, ["settings", "sigma"])
+    assert unknown.exit_code == 1 and "no setting named 'sigma'" in unknown.output
 
 
 def test_privacy_calibrate_json_round_trips():

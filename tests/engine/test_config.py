@@ -173,3 +173,12 @@ def test_relative_paths_in_a_config_file_are_the_files_folders(tmp_path, monkeyp
     assert RunConfig.load_toml(project / "b.toml").dataset == "mnist"
     assert RunConfig.load_toml(project / "c.toml").dataset == "cwd.csv"
     assert RunConfig.from_dict({"dataset": "data/cohort.csv", "mechanism": "none"}).dataset == "data/cohort.csv"  # no file, no folder
+
+
+def test_errors_spell_values_as_a_config_file_does():
+    """true, not Python's True; a whole number in full, not 9.22337e+18 on both sides of the range."""
+    with pytest.raises(ConfigError, match=r"^epochs: true is not a whole number"):
+        RunConfig(mechanism="none", epochs=True)
+    with pytest.raises(ConfigError, match=r"seed: 9223372036854775808 is out of range; allowed: a whole number >= 0 "
+                                          r"and <= 9223372036854775807"):
+        RunConfig(mechanism="none", seed=2**63)
