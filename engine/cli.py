@@ -32,6 +32,12 @@ class UserError(click.ClickException):
         click.echo(f"error: {self.message}", err=True)
 
 
+class Interrupted(UserError):
+    """Ctrl-C: one line, and the shell's exit status for SIGINT (128 + 2)."""
+
+    exit_code = 130
+
+
 def fail(exc: DPWError) -> UserError:
     return UserError(exc.message + (f" — {exc.hint}" if exc.hint else ""))
 
@@ -54,6 +60,10 @@ class DPWGroup(click.Group):
             if is_bug:
                 raise
             raise UserError(message + (f" — {hint}" if hint else "")) from None
+        except KeyboardInterrupt:
+            # Before a runner exists (loading torch, checking the data): a run being trained is
+            # stopped through StopRequests instead, with its privacy recorded.
+            raise Interrupted("interrupted (Ctrl-C) before any training started") from None
 
 
 db_option = click.option(

@@ -309,3 +309,21 @@ def test_a_command_that_reads_never_creates_a_store_at_a_mistyped_path(tmp_path)
         result = CliRunner().invoke(cli, [*args, "--db", str(typo)])
         assert result.exit_code == 1 and f"no store at {typo}" in result.output, result.output
     assert not (tmp_path / "typo").exists()
+
+
+def test_ctrl_c_before_training_starts_is_one_line_and_exit_status_130(tmp_path):
+    """Ctrl-C while the config is checked against its data (before any runner): click printed a blank
+    line and 'Aborted!'; now one line, and the shell's status for an interrupt."""
+    import signal
+    import time
+
+    config = tmp_path / "c.toml"
+    config.write_text('dataset = "digits"\nnoise_multiplier = 1.0\nepochs = 1\n')
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "run", str(config), "--db", str(tmp_path / "r.sqlite")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(1.0)  # after the imports; checking the data (torch, the digits) takes longer than this
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out, err)
+    assert err == "error: interrupted (Ctrl-C) before any training started\n" and "Aborted" not in out + err
