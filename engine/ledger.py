@@ -118,7 +118,7 @@ def live_entry(run: dict[str, Any]) -> LedgerEntry:
         training = (SubsampledGaussian(float(q), float(sigma), int(steps)),)
         return LedgerEntry(**common, epsilon=eps.value, delta=eps.delta, accountant=eps.accountant,
                            counted="composed", gaussians=training + _released_statistics(run) + _study_score(run))
-    if eps.value is None:
+    if eps.value is None or (run.get("mechanism") == "dpsgd" and not steps):
         return LedgerEntry(**common, epsilon=None, delta=None, accountant=None, counted="none",
                            why="no step taken")
     return LedgerEntry(**common, epsilon=eps.value, delta=eps.delta or 0.0, accountant=eps.accountant,

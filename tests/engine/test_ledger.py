@@ -96,6 +96,13 @@ def test_queued_and_not_started_runs_spend_nothing_and_datasets_stay_apart():
     assert ledgers["digits"].epsilon == pytest.approx(ledgers["mnist"].epsilon)  # one run of the same settings each
 
 
+def test_a_dpsgd_run_that_took_no_step_spends_nothing_not_even_delta():
+    """A budget too small for one step: the run finishes at step 0 with epsilon 0; it touched nothing."""
+    (ledger,) = dataset_ledgers([dpsgd(1), dpsgd(2, steps=0, epsilon=0.0)], [])
+    assert [e.counted for e in ledger.entries] == ["composed", "none"]
+    assert ledger.delta == pytest.approx(1e-5)
+
+
 def test_a_running_run_is_counted_and_said_to_grow():
     (ledger,) = dataset_ledgers([dpsgd(1, status="running", steps=40)], [])
     assert ledger.still_running == [1] and "still growing: run 1 is running" in ledger.statement()
