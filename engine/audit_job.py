@@ -73,9 +73,13 @@ def audit_after_training(store, run_id: int) -> dict[str, Any] | None:
     audited says why in one line on stderr, and the Audit tab or `dpw audit` can try again."""
     from engine.config import RunConfig
 
+    from engine.publication import publishable_epsilon
+
     run = store.get_run(run_id)
     if run.get("status") != "finished" or not RunConfig.from_dict(run["config"]).membership_audit:
         return None
+    if publishable_epsilon(run).withheld:
+        return None  # a private study's candidate, not released (yet): the study audits the one it releases
     try:
         return audit_and_store(store, run_id)
     except DPWError as exc:

@@ -303,6 +303,11 @@ def run_study(config: StudyConfig, store: Store, launch: Launch, *, emit: Emit |
         epsilon = composition_epsilon(plan.configs[:len(run_ids)], num_train, config.base.delta)
     _record(store, study_id, epsilon, num_candidates=len(run_ids), status=status, finished=now_iso(),
             released_run_id=released)
+    if config.mode == "private" and released is not None:
+        # Its runner skipped the audit while it was a candidate not (yet) released (engine.audit_job).
+        from engine.audit_job import audit_after_training
+
+        audit_after_training(store, released)
     emit("study_finished", study_id=study_id, status=status, released_run_id=released,
          epsilon=None if epsilon is None else epsilon.value)
     return StudyResult(study_id, status, run_ids, released, epsilon, scores)

@@ -198,6 +198,14 @@ def test_a_private_study_releases_its_best_candidate_with_the_studys_epsilon(pri
     study_risk, lone_risk = run_attack_risk(released), run_attack_risk({**released, "study": None})
     assert study_risk.basis.startswith("private tuning study") and study_risk.publishable_epsilon == eps.value
     assert study_risk.risk.max_advantage > lone_risk.risk.max_advantage  # the lone run's would understate it
+    # The membership audit: the study runs it on the run it released; a candidate not released is
+    # skipped (its audit would be refused), without a note per candidate.
+    from engine.audit_job import MEMBERSHIP_AUDIT_KEY, audit_after_training
+
+    assert MEMBERSHIP_AUDIT_KEY in released["summary"]
+    other = next(r for r in result.run_ids if r != result.released_run_id)
+    assert audit_after_training(store, other) is None
+    assert MEMBERSHIP_AUDIT_KEY not in (store.get_run(other)["summary"] or {})
 
 
 def test_a_candidate_that_was_not_released_is_never_exported(private_study, tmp_path):
