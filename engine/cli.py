@@ -988,6 +988,16 @@ def privacy() -> None:
     """Privacy accounting without training (no torch import: starts fast)."""
 
 
+def _check_setting(option: str, value: float, setting: str) -> None:
+    """Refuse a value the run config's `setting` would refuse, in its words (one range per idea)."""
+    from engine.config import check_field
+
+    error = check_field(setting, value)
+    if error is not None:
+        text = error.message.removeprefix(f"{setting}: ") + (f"; {error.hint}" if error.hint else "")
+        raise UserError(f"--{option}: " + text.replace(", or unset", ""))
+
+
 def _check_number(name: str, value: float, low: float, high: float, *, open_low=True, open_high=False) -> None:
     bad = (value <= low if open_low else value < low) or (value >= high if open_high else value > high) or math.isnan(value)
     if bad:
@@ -1011,7 +1021,7 @@ def privacy_dpsgd(sample_rate: float, noise_multiplier: float, steps: int, delta
     from engine import privacy as priv
 
     _check_number("sample-rate", sample_rate, 0.0, 1.0)
-    _check_number("noise-multiplier", noise_multiplier, 0.0, 1e4)
+    _check_setting("noise-multiplier", noise_multiplier, "noise_multiplier")
     _check_number("delta", delta, 0.0, 1.0, open_high=True)
     eps = priv.dpsgd_epsilon(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps,
                              delta=delta, accountant=accountant)
@@ -1041,7 +1051,7 @@ def privacy_risk(sample_rate: float, noise_multiplier: float, steps: int, delta:
     from engine.privacy import risk
 
     _check_number("sample-rate", sample_rate, 0.0, 1.0, open_low=False)
-    _check_number("noise-multiplier", noise_multiplier, 0.0, 1e4, open_low=False)
+    _check_setting("noise-multiplier", noise_multiplier, "noise_multiplier")
     _check_number("delta", delta, 0.0, 1.0, open_high=True)
     try:
         result = risk.dpsgd_attack_risk(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps,
@@ -1108,7 +1118,7 @@ def privacy_calibrate(sample_rate: float, steps: int, epsilon: float | None, del
         else:
             if delta is None:
                 raise UserError("--delta is needed with --epsilon")
-            _check_number("epsilon", epsilon, 0.0, 1e3)
+            _check_setting("epsilon", epsilon, "target_epsilon")
             _check_number("delta", delta, 0.0, 1.0, open_high=True)
             sigma = priv.calibrate_noise_multiplier(sample_rate=sample_rate, steps=steps, target_epsilon=epsilon,
                                                     delta=delta, accountant=accountant)
@@ -1145,7 +1155,7 @@ def privacy_tuning(sample_rate: float, noise_multiplier: float, steps: int, delt
     from engine.privacy import tuning
 
     _check_number("sample-rate", sample_rate, 0.0, 1.0)
-    _check_number("noise-multiplier", noise_multiplier, 0.0, 1e4)
+    _check_setting("noise-multiplier", noise_multiplier, "noise_multiplier")
     _check_number("delta", delta, 0.0, 1.0, open_high=True)
     _check_number("mean-runs", mean_runs, 1.0, 1e9, open_low=False)
     _check_number("shape", shape, -1.0, math.inf)

@@ -89,6 +89,11 @@ def test_privacy_rdp_accountant_is_selectable():
         (["privacy", "dpsgd", "--sample-rate", "0.1", "--noise-multiplier", "1", "--steps", "10", "--delta", "1"],
          ["--delta", "1"]),
         (["show", "999"], ["no run with id 999"]),
+        # the privacy commands take the ranges a run config takes
+        (["privacy", "dpsgd", "--sample-rate", "0.1", "--noise-multiplier", "2000", "--steps", "10", "--delta", "1e-5"],
+         ["--noise-multiplier: 2000 is out of range; allowed: a number > 0 and <= 1000"]),
+        (["privacy", "calibrate", "--sample-rate", "0.1", "--steps", "10", "--epsilon", "500", "--delta", "1e-5"],
+         ["--epsilon: 500 is out of range; allowed: a number > 0 and <= 100"]),
     ],
 )
 def test_user_errors_are_one_line_without_traceback(tmp_path, args, words):
