@@ -93,6 +93,7 @@ class Plot(pg.PlotWidget):
         self.scene().sigMouseMoved.connect(self._mouse_moved)
         self.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.customContextMenuRequested.connect(self._context_menu)
+        self._title_never_widens()
         self.apply_palette()
 
     def _legend_below(self) -> pg.LegendItem:
@@ -197,6 +198,24 @@ class Plot(pg.PlotWidget):
     def set_title(self, title: str) -> None:
         self._title = title
         self.getPlotItem().setTitle(title, color=palette_colours()[1].name())
+
+    def _title_never_widens(self) -> None:
+        """pyqtgraph makes a title's text width the plot's minimum width (LabelItem.updateMin, on every
+        text change and resize): a long title in a narrow place pushed the plot under its neighbour
+        (the Audit tab's side panel covered its right part). The title is clipped instead."""
+        label = self.getPlotItem().titleLabel
+        measure = label.updateMin
+
+        def update_min() -> None:
+            measure()
+            label.setMinimumWidth(0)
+            hints = label._sizeHint
+            for which in (Qt.SizeHint.MinimumSize, Qt.SizeHint.PreferredSize):
+                hints[which] = (0, hints[which][1])
+
+        label.updateMin = update_min  # called by LabelItem's own setText and resizeEvent
+        update_min()
+        label.updateGeometry()
 
     def changeEvent(self, event) -> None:  # noqa: N802 (Qt naming)
         if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange) \

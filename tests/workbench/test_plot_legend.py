@@ -44,3 +44,17 @@ def test_a_line_with_one_point_gets_a_marker_until_it_has_a_second(qtbot):
     set_curve(dots, np.array([100.0]), np.array([3.0]))
     set_curve(dots, np.array([100.0, 200.0]), np.array([3.0, 4.0]))
     assert dots.opts["symbol"] == "o"
+
+
+def test_a_long_title_never_widens_the_plot_past_its_place(qtbot):
+    """pyqtgraph makes the title's text width the plot's minimum width: in the Audit tab at 1100 px the
+    plot was 386 px wide in a 330 px place, its right part under the side panel."""
+    plot = Plot("Membership tests: the bound and the attack, with a title longer than the plot", "FPR", "TPR")
+    qtbot.addWidget(plot)
+    plot.resize(300, 300)
+    plot.show()
+    qtbot.wait(100)
+    plot.set_title("Another title that is also far longer than three hundred pixels of plot")
+    plot.resize(280, 300)
+    qtbot.wait(100)
+    assert plot.getPlotItem().geometry().width() <= plot.width() + 1
