@@ -53,6 +53,7 @@ def first_config_folder() -> Path:
 VOTES_REFRESH_MS = 500
 LIST_REFRESH_MS = 1500
 TOML_FILTER = "Run configs (*.toml)"
+NAME_COLUMN_MAX_PX = 200
 RUNS_VIEW_KEY = "runs/view"  # {"sort", "descending", "show_deleted", "selected"}, remembered between sessions
 AUDIT_LOG_KEY = "audit/log_fpr"
 
@@ -122,6 +123,8 @@ class MainWindow(QMainWindow):
         self.runs_view.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Fixed)
         self.runs_view.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 8)
         self.runs_view.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        # A study's long candidate names are elided (whole in their tooltip): never pushing ε out of view.
+        self.runs_view.horizontalHeader().setMaximumSectionSize(NAME_COLUMN_MAX_PX)
         self.runs_view.horizontalHeader().setStretchLastSection(True)
         self.runs_view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.runs_view.customContextMenuRequested.connect(self._context_menu)

@@ -14,18 +14,18 @@ from PySide6.QtWidgets import QApplication
 from engine.publication import NO_GUARANTEE_STATEMENT, carries_guarantee, epsilon_label, publishable_epsilon
 from workbench.study_rows import study_label, study_sort_key
 
-COLUMNS = (
+COLUMNS = (  # what a run gave (status, ε, accuracy) first: in view at the list's default width
     ("id", "#"),
     ("name", "Name"),
-    ("study", "Study"),  # workbench.study_rows: sorting by it groups each study's runs
-    ("tags", "Tags"),
-    ("mechanism", "Mechanism"),
-    ("dataset", "Dataset"),
     ("status", "Status"),
     ("epsilon", "ε"),
-    ("delta", "δ"),
-    ("epsilon_budget", "Budget"),
     ("accuracy", "Accuracy"),
+    ("delta", "δ"),
+    ("mechanism", "Mechanism"),
+    ("dataset", "Dataset"),
+    ("study", "Study"),  # workbench.study_rows: sorting by it groups each study's runs
+    ("tags", "Tags"),
+    ("epsilon_budget", "Budget"),
     ("steps", "Steps"),
     ("duration", "Duration"),
     ("stop_reason", "Stopped by"),
@@ -237,6 +237,8 @@ class RunsModel(QAbstractTableModel):
                 return f"{row['error']}" + (f"\n{row['error_hint']}" if row.get("error_hint") else "")
             if row.get("notes"):
                 return f"Notes: {row['notes']}"
+            if key in ("name", "study"):  # the column may be too narrow for it (elided)
+                return self.data(index, Qt.ItemDataRole.DisplayRole) or None
             return None
         if role == Qt.ItemDataRole.TextAlignmentRole and key in NUMERIC:
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
