@@ -125,6 +125,11 @@ class MainWindow(QMainWindow):
         self.runs_view.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         # A study's long candidate names are elided (whole in their tooltip): never pushing ε out of view.
         self.runs_view.horizontalHeader().setMaximumSectionSize(NAME_COLUMN_MAX_PX)
+        # Sized to what the newest rows hold: values that arrive in place (a running run's ε) widen their
+        # column too (the header sizes to contents only when rows come or go), from at most 200 rows.
+        header = self.runs_view.horizontalHeader()
+        header.setResizeContentsPrecision(200)
+        self.runs_model.dataChanged.connect(lambda *_: header.resizeSections(QHeaderView.ResizeMode.ResizeToContents))
         self.runs_view.horizontalHeader().setStretchLastSection(True)
         self.runs_view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.runs_view.customContextMenuRequested.connect(self._context_menu)

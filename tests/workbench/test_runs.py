@@ -445,3 +445,19 @@ def test_a_relative_store_path_names_one_file_for_the_window_its_helpers_and_its
     finally:
         window.client.shutdown(timeout_ms=10000)
         window.close()
+
+
+def test_a_value_that_arrives_in_place_widens_its_column(window):
+    """A running run's ε arrives after its row: the column grows to show it (it stayed '0…')."""
+    from engine.config import RunConfig
+
+    run_id = window.store.create_run(RunConfig(name="x", dataset="digits", noise_multiplier=1.0))
+    window.store.update_run(run_id, status="running", started="2026-11-28T10:00:00+00:00")
+    window.refresh_runs()
+    header = window.runs_view.horizontalHeader()
+    before = header.sectionSize(column("epsilon"))
+    window.store.update_run(run_id, epsilon=0.23456, delta=1e-5, accountant="pld")
+    window.refresh_runs()
+    assert header.sectionSize(column("epsilon")) > before
+    needed = window.runs_view.sizeHintForColumn(column("epsilon"))
+    assert header.sectionSize(column("epsilon")) >= needed
