@@ -71,7 +71,7 @@ class MainWindow(QMainWindow):
         self.settings = Settings()
         self.client = EngineClient(self.store, parent=self)
         self.client.events.connect(self._on_events)
-        self.client.run_started.connect(lambda _id: self.refresh_runs())
+        self.client.run_started.connect(self._runner_started)
         self.client.run_ended.connect(self._on_run_ended)
         self.client.run_lost.connect(self._on_run_lost)
         self.client.queue_changed.connect(self._update_queue_label)
@@ -565,7 +565,8 @@ class MainWindow(QMainWindow):
         except Exception as exc:
             QMessageBox.warning(self, "Cannot start the run", describe_error(exc))
             return None
-        data = RunData(run_id=run_id, name=config.name, mechanism=config.mechanism, status="queued",
+        status = "starting" if run_id in self.client.jobs else "queued"  # its runner exists, or it waits
+        data = RunData(run_id=run_id, name=config.name, mechanism=config.mechanism, status=status,
                        config=config.to_dict())
         self.run_data[run_id] = data
         self.settings.set_json("setup/texts", self.form.texts())
@@ -634,6 +635,15 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"Deleted run{'s' if len(deleted) > 1 else ''} "
                                          f"{', '.join(map(str, deleted))}", 8000)
         return deleted
+
+    def _runner_started(self, run_id: int) -> None:
+        """Its process exists but has not reported yet (loading torch, the data): 'starting', not 'queued',
+        as the status bar already counts it running."""
+        data = self.run_data.get(run_id)
+        if data is not None and data.status == "queued":
+            data.status = "starting"
+            data.version += 1
+        self.refresh_runs()
 
     def _forget_run(self, run_id: int) -> None:
         """Drop a deleted run's curves; clear the views if they show it."""

@@ -186,6 +186,8 @@ def test_runs_wait_in_a_queue_one_at_a_time(window, qtbot, db_path):
     second = start(window, qtbot)
     assert second in window.client.queue and first in window.client.jobs
     assert window.queue_label.text() == "1 running, 1 queued"
+    assert window.run_data[second].status == "queued"  # waiting; the first one's runner exists
+    assert window.run_data[first].status in ("starting", "running", "finished")
     qtbot.waitUntil(lambda: window.run_data[second].finished, timeout=RUN_TIMEOUT_MS)
     store = Store(db_path)
     a, b = store.get_run(first), store.get_run(second)
