@@ -130,23 +130,14 @@ def _private_study_profile(run: dict[str, Any], study: dict[str, Any]):
 def pate_data_independent_rdp(run: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """(orders, RDP) of a PATE run's data-independent bound: every query asked pays the aggregator's
     noisy argmax and (Confident GNMax) its threshold check (engine.privacy.pate.data_independent_rdp)."""
+    from engine.pate.aggregation import aggregator_noise
     from engine.privacy import pate as analysis
 
     config = run.get("config") or {}
     queries = int((run.get("summary") or {}).get("queries") or 0)
     orders = analysis.PATE_ORDERS
     return orders, analysis.data_independent_rdp(mechanism=config.get("aggregator"), num_queries=queries,
-                                                 orders=orders, **pate_noise(config))
-
-
-def pate_noise(config: dict[str, Any]) -> dict[str, float]:
-    """The aggregator's noise settings of a PATE config, named as engine.privacy.pate names them."""
-    aggregator = config.get("aggregator")
-    if aggregator == "gnmax":
-        return {"sigma": config["gnmax_sigma"]}
-    if aggregator == "lnmax":
-        return {"laplace_scale": config["laplace_scale"]}
-    return {"sigma1": config["sigma1"], "sigma2": config["sigma2"]}
+                                                 orders=orders, **aggregator_noise(config))
 
 
 def _pate_profile(run: dict[str, Any]):

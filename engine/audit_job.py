@@ -72,7 +72,6 @@ def audit_after_training(store, run_id: int) -> dict[str, Any] | None:
     The run is already finished when this starts, so nothing here can fail it: a run that cannot be
     audited says why in one line on stderr, and the Audit tab or `dpw audit` can try again."""
     from engine.config import RunConfig
-
     from engine.publication import publishable_epsilon
 
     run = store.get_run(run_id)

@@ -15,8 +15,8 @@ the store's runs (and the records of deleted runs) by dataset and bounds their t
 
 Runs of a study are counted one by one, as if each were released, with their scores: the
 composition of the runs the study actually drew (its number of runs is drawn independently of the
-data), which can be below the study's own epsilon, stated before that number was known. A queued run, or one that failed before its first step, spent nothing. Datasets are
-told apart by the name runs give them (a registry name or a file path): the same people's data
+data), which can be below the study's own epsilon, stated before that number was known. A queued
+run, or one that failed before its first step, spent nothing. Datasets are told apart by the name runs give them (a registry name or a file path): the same people's data
 under two names, or in two stores, is two ledgers here, and its owner must add them.
 """
 

@@ -134,10 +134,10 @@ def candidate_rdp(config: RunConfig, num_train: int, orders=DEFAULT_ORDERS) -> n
 def pate_candidate_rdp(config: RunConfig, orders=DEFAULT_ORDERS) -> np.ndarray:
     """Data-independent RDP of a PATE run asking all its `num_queries` [PSMRTE18]
     (engine.privacy.pate.data_independent_rdp)."""
-    from engine.attack_risk import pate_noise
+    from engine.pate.aggregation import aggregator_noise
 
     return pate_privacy.data_independent_rdp(mechanism=config.aggregator, num_queries=config.num_queries,
-                                             orders=orders, **pate_noise(config.to_dict()))
+                                             orders=orders, **aggregator_noise(config.to_dict()))
 
 
 def _dpsgd_plan(config: RunConfig, num_train: int):

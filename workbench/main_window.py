@@ -53,7 +53,7 @@ def first_config_folder() -> Path:
 VOTES_REFRESH_MS = 500
 LIST_REFRESH_MS = 1500
 TOML_FILTER = "Run configs (*.toml)"
-NAME_COLUMN_MAX_PX = 200
+COLUMN_MAX_PX = 200
 RUNS_VIEW_KEY = "runs/view"  # {"sort", "descending", "show_deleted", "selected"}, remembered between sessions
 AUDIT_LOG_KEY = "audit/log_fpr"
 
@@ -124,7 +124,7 @@ class MainWindow(QMainWindow):
         self.runs_view.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 8)
         self.runs_view.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         # A study's long candidate names are elided (whole in their tooltip): never pushing ε out of view.
-        self.runs_view.horizontalHeader().setMaximumSectionSize(NAME_COLUMN_MAX_PX)
+        self.runs_view.horizontalHeader().setMaximumSectionSize(COLUMN_MAX_PX)
         # Sized to what the newest rows hold: values that arrive in place (a running run's ε) widen their
         # column too (the header sizes to contents only when rows come or go), from at most 200 rows.
         header = self.runs_view.horizontalHeader()

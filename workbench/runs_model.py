@@ -162,8 +162,8 @@ class RunsModel(QAbstractTableModel):
     def set_rows(self, rows: list[dict[str, Any]]) -> None:
         rows = sorted(rows, key=lambda r: r["id"], reverse=True)
         if [r["id"] for r in rows] == [r["id"] for r in self.rows]:
-            self.rows = rows
-            if rows:
+            if rows != self.rows:  # the list is read again every 1.5 s: redraw (and resize) only on a change
+                self.rows = rows
                 self.dataChanged.emit(self.index(0, 0), self.index(len(rows) - 1, len(COLUMNS) - 1))
             return
         self.beginResetModel()

@@ -85,6 +85,17 @@ def _positive(name: str, value: float | None) -> None:
         raise ValueError(f"{name} must be > 0; got {value!r}")
 
 
+def aggregator_noise(config: dict[str, Any]) -> dict[str, float]:
+    """A PATE config's aggregator noise (`RunConfig.to_dict()` or a stored run's config), named as
+    `aggregate` and engine.privacy.pate name it; Confident GNMax's threshold is not noise and is left out."""
+    aggregator = config.get("aggregator")
+    if aggregator == "gnmax":
+        return {"sigma": config["gnmax_sigma"]}
+    if aggregator == "lnmax":
+        return {"laplace_scale": config["laplace_scale"]}
+    return {"sigma1": config["sigma1"], "sigma2": config["sigma2"]}
+
+
 def release_with_noise(randomness: PrivateRandomness, **release: Any) -> ReleasedEpsilon:
     """`pate_smooth.release_epsilon(**release)` with its one Gaussian draw from `randomness` (secret
     operating-system randomness unless the run's noise is reproducible): a PATE run's release and

@@ -486,13 +486,10 @@ class _AggregatorParams:
 
 
 def _aggregator_params(config: RunConfig) -> _AggregatorParams:
-    if config.aggregator == "lnmax":
-        return _AggregatorParams({"laplace_scale": config.laplace_scale},
-                                 {"mechanism": "lnmax", "laplace_scale": config.laplace_scale})
-    if config.aggregator == "gnmax":
-        return _AggregatorParams({"sigma": config.gnmax_sigma}, {"mechanism": "gnmax", "sigma": config.gnmax_sigma})
-    values = {"threshold": config.threshold, "sigma1": config.sigma1, "sigma2": config.sigma2}
-    return _AggregatorParams(values, {"mechanism": "confident", **values})
+    values = aggregation.aggregator_noise(config.to_dict())
+    if config.aggregator == "confident":
+        values = {"threshold": config.threshold, **values}
+    return _AggregatorParams(values, {"mechanism": config.aggregator, **values})
 
 
 def release_parameters(config: RunConfig, num_classes: int) -> dict[str, float]:
@@ -518,9 +515,8 @@ def release_parameters(config: RunConfig, num_classes: int) -> dict[str, float]:
 def planned_epsilon_data_independent(config: RunConfig) -> float:
     """The data-independent epsilon if all `num_queries` queries were answered (an upper bound
     known before training)."""
-    return analysis.epsilon_if_all_answered(num_queries=config.num_queries, delta=config.delta,
-                                            **{k: v for k, v in _aggregator_params(config).analysis.items()
-                                               if k != "threshold"})
+    return analysis.epsilon_if_all_answered(mechanism=config.aggregator, num_queries=config.num_queries,
+                                            delta=config.delta, **aggregation.aggregator_noise(config.to_dict()))
 
 
 def prepare_pate(config: RunConfig, data: Dataset, *, emit: Emit = _noop) -> PreparedPATERun:
