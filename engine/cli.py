@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import signal
 import sqlite3
 import subprocess
@@ -33,9 +34,17 @@ class UserError(click.ClickException):
 
 
 class Interrupted(UserError):
-    """Ctrl-C: one line, and the shell's exit status for SIGINT (128 + 2)."""
+    """Ctrl-C: one line, and the shell's exit status for SIGINT (128 + 2). It exits at once: an interrupt
+    that landed inside an extension's import (torch) can leave the interpreter to end itself by SIGINT
+    at shutdown, whatever status it was given. Nothing is stored yet when this is raised."""
 
     exit_code = 130
+
+    def show(self, file: Any = None) -> None:
+        super().show(file)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(self.exit_code)
 
 
 def fail(exc: DPWError) -> UserError:
@@ -85,7 +94,9 @@ def open_store(db: Path | None, *, create: bool = False):
     context = click.get_current_context(silent=True)
     if context is not None:
         context.meta[STORE_PATH] = path
-    if not create and not check_store_path(path) and not path.exists():
+    if not create:
+        check_store_path(path)  # a folder, a path under a file: said as such first
+    if not create and not path.exists():
         raise UserError(f"no store at {path.absolute()}: no run was stored there — check the --db path (or "
                         f"$DPW_DB); dpw run creates the store with its first run")
     return Store(path)
@@ -1268,9 +1279,9 @@ def privacy_pate(votes_file: Path, mechanism: str, sigma: float | None, threshol
         raise UserError(f"--votes {votes_file}: holds no query (shape {votes.shape}); give one row of counts per query")
     if votes.min() < 0:
         raise UserError(f"--votes {votes_file}: vote counts must be >= 0; found {votes.min()}")
-    from engine.config import config_fields
+    from engine.config import field_spec
 
-    most, teachers = int(votes.sum(axis=1).max()), next(s.maximum for n, _, s in config_fields() if n == "num_teachers")
+    most, teachers = int(votes.sum(axis=1).max()), int(field_spec("num_teachers").maximum)
     if most > teachers:
         raise UserError(f"--votes {votes_file}: a query has {most:,} votes, more than the {teachers:,} teachers "
                         f"a run may have; give one vote per teacher")

@@ -322,12 +322,16 @@ def test_ctrl_c_before_training_starts_is_one_line_and_exit_status_130(tmp_path)
     import signal
     import time
 
+    # 1,000,000 rows: reading them takes seconds, so the interrupt lands while the data is checked,
+    # after torch is imported (an interrupt inside its import aborts it) and long before any runner starts.
+    rows = "\n".join(f"{i % 7},{i % 5},{i % 2}" for i in range(1_000_000))
+    (tmp_path / "big.csv").write_text("x,y,label\n" + rows + "\n")
     config = tmp_path / "c.toml"
-    config.write_text('dataset = "digits"\nnoise_multiplier = 1.0\nepochs = 1\n')
+    config.write_text(f'dataset = "{tmp_path / "big.csv"}"\nnoise_multiplier = 1.0\nepochs = 1\ndelta = 1e-7\n')
     proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "run", str(config), "--db", str(tmp_path / "r.sqlite")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(1.0)  # after the imports; checking the data (torch, the digits) takes longer than this
+    time.sleep(3.0)  # torch imported, the CSV being read
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, (out, err)
