@@ -27,7 +27,7 @@ def mnist_dir() -> Path:
     candidates += [repo.parent / "shared" / "data" / "mnist", Path("/work/shared/data/mnist")]
     for folder in candidates:
         if all((folder / name).is_file() for name in _MNIST_FILES):
-            return folder
+            return folder.resolve()  # a config's relative data_dir is taken from the config's own folder
     pytest.fail(
         f"real MNIST files not found; looked in {', '.join(map(str, candidates))} for {', '.join(_MNIST_FILES)} "
         f"(set DPW_TEST_MNIST_DIR to the folder holding them)"

@@ -53,7 +53,9 @@ def on_cuda(test):
 ATOL, RTOL = 1e-4, 1e-3
 # With TF32 (cuDNN's default for float32 convolutions on Ampere and later: 10-bit mantissa), whole
 # per-parameter tensors are compared by relative Frobenius error; a wrong kernel is off by O(1).
-TF32_RELATIVE_ERROR = 2e-2
+# Measured on an H200 (torch 2.11, CUDA 13.0): up to 0.053 (cifar_cnn) and 0.035 (mnist_cnn), in the
+# first convolution's weights, whose gradient sums many products of rounded inputs.
+TF32_RELATIVE_ERROR = 0.1
 
 
 # ------------------------------------------------------------------------------------------------
