@@ -58,15 +58,19 @@ def per_example_norms(grads: list[torch.Tensor]) -> torch.Tensor:
     return total.sqrt()
 
 
-def clip_factors(norms: torch.Tensor, clipping_norm: float) -> torch.Tensor:
-    """min(1, C / norm) per example: scaling by it leaves every gradient with norm <= C."""
-    return (clipping_norm / (norms + NORM_EPS)).clamp(max=1.0)
+def clip_factors(norms: torch.Tensor, clipping_norm: float, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """min(1, C / norm) per example: scaling by it leaves every gradient with norm <= C.
+
+    `weights` (0 or 1 per example) multiply the factors: a padding row (weight 0) adds exactly nothing."""
+    factors = (clipping_norm / (norms + NORM_EPS)).clamp(max=1.0)
+    return factors if weights is None else factors * weights
 
 
-def clipped_sum(grads: list[torch.Tensor], clipping_norm: float) -> tuple[list[torch.Tensor], torch.Tensor]:
+def clipped_sum(grads: list[torch.Tensor], clipping_norm: float,
+                weights: torch.Tensor | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Sum over the batch of the clipped per-example gradients; also returns the raw norms."""
     norms = per_example_norms(grads)
-    factors = clip_factors(norms, clipping_norm)
+    factors = clip_factors(norms, clipping_norm, weights)
     batch = factors.shape[0]
     summed = [(factors @ g.reshape(batch, -1)).view(g.shape[1:]) for g in grads]
     return summed, norms

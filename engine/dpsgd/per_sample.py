@@ -17,7 +17,9 @@ Two strategies, chosen per model:
 Both are called as `strategy(x, y) -> (losses, grads)`: the per-example losses and one tensor
 per parameter of shape (B, *param.shape), in the order of `model.parameters()` (trainable ones
 only). DP-SGD calls `strategy.clipped_sum(x, y, clipping_norm) -> (losses, summed, norms)`: the
-sum over the batch of the clipped per-example gradients and each example's unclipped norm.
+sum over the batch of the clipped per-example gradients and each example's unclipped norm
+(optional per-example `weights` multiply the clip factors: a weight of 0 leaves a padding row out,
+see engine.dpsgd.cuda_graphs).
 """
 
 from __future__ import annotations
@@ -36,10 +38,10 @@ _Params = dict[str, torch.Tensor]  # "weight"/"bias" -> tensor
 
 class _Strategy:
     def clipped_sum(
-        self, x: torch.Tensor, y: torch.Tensor, clipping_norm: float
+        self, x: torch.Tensor, y: torch.Tensor, clipping_norm: float, weights: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
         losses, grads = self(x, y)
-        summed, norms = mechanism.clipped_sum(grads, clipping_norm)
+        summed, norms = mechanism.clipped_sum(grads, clipping_norm, weights)
         return losses, summed, norms
 
 
@@ -124,7 +126,7 @@ class LayerwiseGradients(_Strategy):
         return losses, grads
 
     def clipped_sum(
-        self, x: torch.Tensor, y: torch.Tensor, clipping_norm: float
+        self, x: torch.Tensor, y: torch.Tensor, clipping_norm: float, weights: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
         losses, pairs = self._forward_backward(x, y)
         batch = x.shape[0]
@@ -139,7 +141,7 @@ class LayerwiseGradients(_Strategy):
             norms_sq += part.norms_sq()
             parts.append(part)
         norms = norms_sq.sqrt()
-        factors = mechanism.clip_factors(norms, clipping_norm)
+        factors = mechanism.clip_factors(norms, clipping_norm, weights)
         summed_by_layer = {layer: part.weighted_sum(factors) for layer, part in zip(self.layers, parts)}
         summed = [summed_by_layer[layer][pname] for layer, pname in self._owner]
         return losses, summed, norms

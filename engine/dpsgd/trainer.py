@@ -24,6 +24,7 @@ from engine.datasets import Dataset
 from engine.errors import ConfigError, DPWError
 from engine.dpsgd import mechanism
 from engine.dpsgd.canaries import GradientCanaries, InputCanaries
+from engine.dpsgd.cuda_graphs import GraphedClippedSum, clipped_sum_for
 from engine.dpsgd.fast_layers import accelerate_model
 from engine.dpsgd.per_sample import per_example_gradients
 from engine.randomness import PrivateRandomness, seeded_torch_generator
@@ -171,10 +172,14 @@ class DPSGDStep:
         noise_generator: mechanism.PrivateGenerator,
         canaries: GradientCanaries | None = None,
         data_parallel: Any = None,
+        cuda_graphs: bool = False,
     ):
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = optimizer
         self.strategy = per_example_gradients(model)
+        device = self.params[0].device if self.params else torch.device("cpu")
+        self.clipped_sum = clipped_sum_for(self.strategy, clipping_norm, max_physical_batch_size, device,
+                                           graphs=cuda_graphs)
         self.clipping_norm = clipping_norm
         self.noise_multiplier = noise_multiplier
         self.expected_batch_size = expected_batch_size
@@ -189,10 +194,9 @@ class DPSGDStep:
         summed = [torch.zeros_like(p) for p in self.params]
         for start in range(0, x.shape[0], self.max_physical_batch_size):
             end = start + self.max_physical_batch_size
-            losses, part, _ = self.strategy.clipped_sum(x[start:end], y[start:end], self.clipping_norm)
+            losses, part, _ = self.clipped_sum(x[start:end], y[start:end])
             loss_sum += losses.sum()
-            for total, value in zip(summed, part):
-                total += value
+            torch._foreach_add_(summed, part)
         if self.canaries is not None:  # the auditor knows every other record's clipped sum (DP's adversary)
             known = [total.clone() for total in summed]
             self.canaries.inject(summed)
@@ -211,6 +215,8 @@ class DPSGDStep:
         return float(loss_sum)
 
     def close(self) -> None:
+        if isinstance(self.clipped_sum, GraphedClippedSum):
+            self.clipped_sum.close()
         self.strategy.close()
 
 
@@ -279,6 +285,7 @@ def train(
             noise_generator=private.torch_generator("dpsgd_noise", device),
             canaries=canaries if isinstance(canaries, GradientCanaries) else None,
             data_parallel=data_parallel,
+            cuda_graphs=config.cuda_graphs,
         )
     else:
         sampler_gen = seeded_torch_generator(config.seed, "baseline_order", device)

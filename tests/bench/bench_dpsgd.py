@@ -16,6 +16,8 @@ the same Poisson-sampled batches (expected size --batch), noise multiplier 1.1, 
   (bh) the same with noise sampler "hardened": noise from a SecureGenerator (SHAKE-256 CSPRNG, sum
        of four float64 Gaussians per coordinate, rounded once), and the Poisson sampling of the
        batches from the CSPRNG too (timed inside the step, as a run does it)
+  (bg) [GPU] the same as (b) with cuda_graphs = true: the clipped sum replayed from CUDA graphs
+       (engine.dpsgd.cuda_graphs), batches padded to a few sizes
   (b0) [--extra] the engine's DPSGDStep on the model as built (what accelerate_model buys)
   (c)  Opacus: PrivacyEngine.make_private(poisson_sampling=True, default "hooks" grad sampler);
        its model and DPOptimizer are fed the same batches as the others (Opacus's own data
@@ -31,9 +33,9 @@ Peak memory: each mode runs again alone in a fresh subprocess (peak RSS of that 
 the steps above its RSS before them on CPU; torch.cuda.max_memory_allocated on GPU).
 
 With --batches B1,B2,... one table instead: for each expected batch size, (a), (b), (c) and (cg)
-timed in interleaved rounds as above, and the ratios (b)/best Opacus (per round, against the
-faster of (c) and (cg) in that round) and (b)/(a), each marked against issue 17's targets:
->= 2x Opacus and >= 0.5x non-private at every batch size.
+(and (bg) on a GPU) timed in interleaved rounds as above, and for each engine mode the ratios
+to the best Opacus (per round, against the faster of (c) and (cg) in that round) and to (a), each
+marked against issue 17's targets: >= 2x Opacus and >= 0.5x non-private at every batch size.
 """
 
 from __future__ import annotations
@@ -74,13 +76,13 @@ WARMUP_STEPS = 5
 # against non-private training, at every batch size.
 TARGET_VS_OPACUS = 2.0
 TARGET_VS_NON_PRIVATE = 0.5
-TABLE_MODES = ["a", "b", "c", "cg"]
 
 MODES = {
     "a": "(a)  non-private SGD, plain torch",
     "a'": "(a') engine non-private step",
     "b": "(b)  engine DP-SGD",
     "bh": "(bh) engine DP-SGD, hardened noise sampler",
+    "bg": "(bg) engine DP-SGD, clipped sum replayed from CUDA graphs (cuda_graphs = true)",
     "b0": "(b0) engine DP-SGD, model not accelerated",
     "c": "(c)  Opacus DP-SGD",
     "cg": "(cg) Opacus DP-SGD, ghost clipping",
@@ -146,8 +148,8 @@ def make_step(mode: str, initial: dict, args, n_train: int) -> Step:
     if mode == "a'":
         model = accelerate_model(model)
         return NonPrivateStep(model, torch.optim.SGD(model.parameters(), lr=LEARNING_RATE))
-    if mode in ("b", "b0", "bh"):
-        if mode in ("b", "bh"):
+    if mode in ("b", "b0", "bh", "bg"):
+        if mode != "b0":
             model = accelerate_model(model)
         randomness = PrivateRandomness(noise_sampler="hardened" if mode == "bh" else "standard")
         step = DPSGDStep(
@@ -158,6 +160,7 @@ def make_step(mode: str, initial: dict, args, n_train: int) -> Step:
             expected_batch_size=args.batch,
             max_physical_batch_size=max_physical,
             noise_generator=randomness.torch_generator("dpsgd_noise", device),
+            cuda_graphs=mode == "bg",
         )
         if mode != "bh":
             return step
@@ -328,7 +331,8 @@ def met(value: float, target: float) -> str:
 
 
 def batch_table(args) -> int:
-    """Time (a), (b), (c), (cg) at each batch size of --batches and print one table with the targets."""
+    """Time (a), (b), (c), (cg) (and (bg) on a GPU) at each batch size of --batches and print one table
+    with the targets."""
     print(describe_machine(args))
     print(f"MNIST, mnist_cnn, noise multiplier {NOISE_MULTIPLIER}, clipping norm {CLIPPING_NORM}; per batch size "
           f"{args.steps} timed steps per mode in interleaved rounds of {STEPS_PER_ROUND} (+{WARMUP_STEPS} warm-up); "
@@ -336,50 +340,63 @@ def batch_table(args) -> int:
     torch.manual_seed(0)
     x, y = load_data(args)
     initial = build_model("mnist_cnn", input_shape=(1, 28, 28), num_classes=10).state_dict()
+    engine_modes = ["b", "bg"] if args.device == "cuda" else ["b"]
+    modes = ["a", *engine_modes, "c", "cg"]
     rows = []
     for batch in args.batches:
         at = argparse.Namespace(**{**vars(args), "batch": batch})
         load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-        rates = time_modes(TABLE_MODES, at, x, y, initial)
+        rates = time_modes(modes, at, x, y, initial)
         load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         best_opacus = [max(c, g) for c, g in zip(rates["c"], rates["cg"])]  # the faster Opacus mode, per round
         rows.append({
             "batch": batch,
-            "rates": {m: statistics.median(rates[m]) for m in TABLE_MODES},
-            "vs_opacus": per_round_ratios(rates["b"], best_opacus),
-            "vs_non_private": per_round_ratios(rates["b"], rates["a"]),
+            "rates": {m: statistics.median(rates[m]) for m in modes},
+            "vs_opacus": {m: per_round_ratios(rates[m], best_opacus) for m in engine_modes},
+            "vs_non_private": {m: per_round_ratios(rates[m], rates["a"]) for m in engine_modes},
             "faster_opacus": max(("c", "cg"), key=lambda m: statistics.median(rates[m])),
             "load": (load_before, load_after),
-            "memory": {m: (None if args.no_memory else measure_memory(m, at)) for m in TABLE_MODES},
+            "memory": {m: (None if args.no_memory else measure_memory(m, at)) for m in modes},
         })
         print(f"  batch {batch}: done", flush=True)
 
-    names = {"a": "(a) non-private", "b": "(b) engine DP-SGD", "c": "(c) Opacus hooks", "cg": "(cg) Opacus ghost"}
-    header = (f"{'batch':>6s} | " + " | ".join(f"{names[m]:>17s}" for m in TABLE_MODES)
-              + f" | {'(b)/best Opacus':>19s} | {'(b)/(a)':>19s} | {'>= 2x Opacus':>12s} | {'>= 0.5x non-private':>19s}")
+    names = {"a": "(a) non-private", "b": "(b) engine DP-SGD", "bg": "(bg) engine graphs", "c": "(c) Opacus hooks",
+             "cg": "(cg) Opacus ghost"}
+    header = f"{'batch':>6s} | " + " | ".join(f"{names[m]:>18s}" for m in modes)
     print()
     print("samples/s")
     print(header)
     print("-" * len(header))
     for row in rows:
-        vs_opacus, vs_a = statistics.median(row["vs_opacus"]), statistics.median(row["vs_non_private"])
-        print(f"{row['batch']:6d} | " + " | ".join(f"{row['rates'][m]:17.0f}" for m in TABLE_MODES)
-              + f" | {ratio_text(row['vs_opacus']):>19s} | {ratio_text(row['vs_non_private']):>19s}"
-              + f" | {met(vs_opacus, TARGET_VS_OPACUS):>12s} | {met(vs_a, TARGET_VS_NON_PRIVATE):>19s}")
+        print(f"{row['batch']:6d} | " + " | ".join(f"{row['rates'][m]:18.0f}" for m in modes))
+    header = (f"{'batch':>6s} | {'engine mode':>18s} | {'vs best Opacus':>19s} | {'vs (a) non-private':>19s} | "
+              f"{'>= 2x Opacus':>12s} | {'>= 0.5x non-private':>19s}")
+    print()
+    print("ratios")
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        for m in engine_modes:
+            vs_opacus = statistics.median(row["vs_opacus"][m])
+            vs_a = statistics.median(row["vs_non_private"][m])
+            print(f"{row['batch']:6d} | {names[m]:>18s} | {ratio_text(row['vs_opacus'][m]):>19s} | "
+                  f"{ratio_text(row['vs_non_private'][m]):>19s} | {met(vs_opacus, TARGET_VS_OPACUS):>12s} | "
+                  f"{met(vs_a, TARGET_VS_NON_PRIVATE):>19s}")
     print()
     print("faster Opacus mode by median: " + ", ".join(f"batch {r['batch']} {names[r['faster_opacus']]}" for r in rows))
     if not args.no_memory:
         print("peak memory per mode (alone in a fresh process): " + "; ".join(
-            f"batch {r['batch']}: " + ", ".join(f"{m} {memory_text(r['memory'][m])}" for m in TABLE_MODES)
+            f"batch {r['batch']}: " + ", ".join(f"{m} {memory_text(r['memory'][m])}" for m in modes)
             for r in rows))
     if rows[0]["load"][0] is not None:
         print("1-minute load average before/after each batch size: "
               + ", ".join(f"{r['batch']}: {r['load'][0]:.2f}/{r['load'][1]:.2f}" for r in rows)
               + f" (on {os.cpu_count()} cores)")
-    all_met = all(statistics.median(r["vs_opacus"]) >= TARGET_VS_OPACUS
-                  and statistics.median(r["vs_non_private"]) >= TARGET_VS_NON_PRIVATE for r in rows)
-    print(f"targets (b) >= {TARGET_VS_OPACUS:g}x best Opacus and (b) >= {TARGET_VS_NON_PRIVATE:g}x (a) at every batch "
-          f"size: {'met' if all_met else 'NOT met'}")
+    for m in engine_modes:
+        all_met = all(statistics.median(r["vs_opacus"][m]) >= TARGET_VS_OPACUS
+                      and statistics.median(r["vs_non_private"][m]) >= TARGET_VS_NON_PRIVATE for r in rows)
+        print(f"targets for {names[m]}: >= {TARGET_VS_OPACUS:g}x best Opacus and >= {TARGET_VS_NON_PRIVATE:g}x (a) "
+              f"at every batch size: {'met' if all_met else 'NOT met'}")
     return 0
 
 

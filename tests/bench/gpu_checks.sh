@@ -17,7 +17,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee 
 
 echo "== CUDA tests"
 DPW_TEST_MNIST_DIR="$data/mnist" timeout "${CUDA_TESTS_S:-230}" \
-  "$py" -m pytest -m cuda tests/engine/test_cuda.py -v -p no:cacheprovider 2>&1 | tee "$out/cuda_tests.txt"
+  "$py" -m pytest -m cuda tests/engine/test_cuda.py tests/engine/test_cuda_graphs.py -v -p no:cacheprovider 2>&1 | tee "$out/cuda_tests.txt"
 
 echo "== DP-SGD throughput"
 timeout "${BENCH_DPSGD_S:-170}" "$py" tests/bench/bench_dpsgd.py --data-dir "$data" --device cuda \

@@ -267,10 +267,12 @@ def toml_text(values: dict) -> str:
     return "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
 
 
-def dpsgd_config(mnist_dir: Path, device: str, noise_sampler: str) -> dict:
+def dpsgd_config(mnist_dir: Path, device: str, noise_sampler: str, cuda_graphs: bool = False) -> dict:
     """A short real-MNIST DP-SGD run: mnist_cnn, 2,000 images, 2 epochs of batches of 100 (40 steps), each
     logical batch in physical chunks of 64 (so the chunked sum runs on the device too)."""
-    return dict(name=f"mnist-{device}-{noise_sampler}", dataset="mnist", data_dir=str(mnist_dir.parent),
+    variant = "graphs" if cuda_graphs else noise_sampler
+    return dict(name=f"mnist-{device}-{variant}", dataset="mnist", data_dir=str(mnist_dir.parent),
+                cuda_graphs=cuda_graphs,
                 model="mnist_cnn", mechanism="dpsgd", noise_multiplier=1.0, clipping_norm=1.0, delta=1e-5,
                 train_subset=2000, expected_batch_size=100, max_physical_batch_size=64, epochs=2,
                 learning_rate=0.5, optimizer="momentum", evaluations_per_epoch=2, seed=3,
@@ -360,21 +362,23 @@ def check_export_on_a_machine_without_gpu(store: Store, run_id: int, out: Path, 
 
 @pytest.fixture(scope="module")
 def cuda_runs(tmp_path_factory, mnist_dir):
-    """Two DP-SGD runs trained on the GPU through `dpw run` in one store: noise sampler standard, hardened."""
+    """Three DP-SGD runs trained on the GPU through `dpw run` in one store: noise sampler standard,
+    hardened, and standard with the clipped sum replayed from CUDA graphs."""
     folder = tmp_path_factory.mktemp("cuda-runs")
     db = folder / "runs.sqlite"
     runs = {}
-    for noise_sampler in ("standard", "hardened"):
-        store, run_id, _ = run_with_dpw(folder, dpsgd_config(mnist_dir, "cuda", noise_sampler), db)
-        runs[noise_sampler] = run_id
+    for variant, noise_sampler, graphs in [("standard", "standard", False), ("hardened", "hardened", False),
+                                           ("graphs", "standard", True)]:
+        store, run_id, _ = run_with_dpw(folder, dpsgd_config(mnist_dir, "cuda", noise_sampler, graphs), db)
+        runs[variant] = run_id
     return Store(db), runs
 
 
 @on_cuda
-@pytest.mark.parametrize("noise_sampler", ["standard", "hardened"])
-def test_dpsgd_run_on_cuda_through_dpw_run_finishes_with_its_epsilon_recorded(cuda_runs, noise_sampler):
+@pytest.mark.parametrize("variant", ["standard", "hardened", "graphs"])
+def test_dpsgd_run_on_cuda_through_dpw_run_finishes_with_its_epsilon_recorded(cuda_runs, variant):
     store, runs = cuda_runs
-    run = check_dpsgd_run(store, runs[noise_sampler], "cuda")
+    run = check_dpsgd_run(store, runs[variant], "cuda")
     assert run["summary"]["randomness"]  # the private randomness is described, as on the CPU
 
 
