@@ -22,7 +22,7 @@ from engine.pate.aggregation import REJECTED, aggregate
 from engine.pate.ensemble import StackedEnsemble
 from engine.pate.shards import partition
 from engine.pate.student import train_student
-from engine.pate.teachers import build_teachers, train_teachers, vote_counts
+from engine.pate.teachers import build_teachers, group_size_for, train_teachers, vote_counts
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -117,6 +117,16 @@ def test_training_teachers_together_equals_training_them_one_by_one():
         for name, value in model.state_dict().items():
             torch.testing.assert_close(teachers.member_state_dict(k)[name], value, rtol=1e-4, atol=1e-6)
     assert teachers.num_teachers == 4 and teachers.epochs_done == 3 and teachers.num_classes == 10
+
+
+def test_teacher_groups_are_sized_for_the_device():
+    """CPU: groups whose activations stay near the cache (mnist_cnn: 24 teachers of batch 32); GPU:
+    as many as about 256 MB per layer output holds (all 250 MNIST teachers in one group)."""
+    model = build_model("mnist_cnn", input_shape=(1, 28, 28), num_classes=10)
+    assert group_size_for(model, (1, 28, 28), 32, 250) == 24
+    assert group_size_for(model, (1, 28, 28), 32, 250, "cuda") == 250
+    assert group_size_for(model, (1, 28, 28), 32, 5000, "cuda") == 637
+    assert group_size_for(model, (1, 28, 28), 10**9, 50, "cuda") == 1  # never below one teacher
 
 
 def test_teacher_groups_and_votes():
