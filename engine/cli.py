@@ -593,7 +593,7 @@ def ledger(db: Path | None, dataset_name: str | None, delta: float | None, as_js
     store = open_store(db)
     ledgers = dataset_ledgers(store.list_runs(), store.deleted_runs(), delta=delta)
     if dataset_name is not None:
-        ledgers = [entry for entry in ledgers if entry.dataset == dataset_name]
+        ledgers = [entry for entry in ledgers if entry.named(dataset_name)]
         if not ledgers:
             raise fail(DPWError(f"no runs on dataset {dataset_name!r} in {store.path}",
                                 hint="`dpw ledger` without --dataset lists every dataset"))
@@ -606,7 +606,7 @@ def ledger(db: Path | None, dataset_name: str | None, delta: float | None, as_js
     from tabulate import tabulate
 
     for i, entry in enumerate(ledgers):
-        click.echo(("\n" if i else "") + f"{entry.dataset}: {entry.statement()}")
+        click.echo(("\n" if i else "") + f"{entry.title}: {entry.statement()}")
         if entry.composed_epsilon is not None:
             click.echo(f"  DP-SGD runs composed (PLD): ε = {entry.composed_epsilon:.4g} at δ = {entry.composed_delta:.3g}")
         rows = [{"id": e.run_id, "name": e.name, "mechanism": e.mechanism,

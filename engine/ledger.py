@@ -16,12 +16,19 @@ the store's runs (and the records of deleted runs) by dataset and bounds their t
 Runs of a study are counted one by one, as if each were released, with their scores: the
 composition of the runs the study actually drew (its number of runs is drawn independently of the
 data), which can be below the study's own epsilon, stated before that number was known. A queued
-run, or one that failed before its first step, spent nothing. Datasets are told apart by the name runs give them (a registry name or a file path): the same people's data
-under two names, or in two stores, is two ledgers here, and its owner must add them.
+run, or one that failed before its first step, spent nothing.
+
+Datasets are told apart by the name runs give them (a registry name or a file path) and by the
+fingerprint of their contents (a hash, recorded when a run loads the data): runs that share either,
+directly or through other runs, count in one ledger, so a copied file under another name adds to the
+original's total. Runs deleted before fingerprints were recorded are matched by name only. Other data
+about the same people (an updated file, another table) or another store are still apart here, and
+their owner must add them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +73,17 @@ class DatasetLedger:
     composed_epsilon: float | None = None
     composed_delta: float | None = None
     still_running: list[int] = field(default_factory=list)
+    also_named: list[str] = field(default_factory=list)  # other names of the same contents (same fingerprint)
+
+    @property
+    def title(self) -> str:
+        """The dataset's name, with the other names its runs gave the same data."""
+        if not self.also_named:
+            return self.dataset
+        return f"{self.dataset} (the same data also as {', '.join(self.also_named)})"
+
+    def named(self, name: str) -> bool:
+        return name == self.dataset or name in self.also_named
 
     @property
     def unbounded(self) -> list[LedgerEntry]:
@@ -92,7 +110,7 @@ class DatasetLedger:
 
     def to_json(self) -> dict[str, Any]:
         bounded = not self.unbounded and math.isfinite(self.epsilon)
-        return {"dataset": self.dataset, "epsilon": self.epsilon if bounded else None,
+        return {"dataset": self.dataset, "also_named": self.also_named, "epsilon": self.epsilon if bounded else None,
                 "delta": self.delta if bounded else None, "bounded": bounded, "statement": self.statement(),
                 "composed": None if self.composed_epsilon is None else
                 {"accountant": "pld", "epsilon": self.composed_epsilon, "delta": self.composed_delta},
@@ -161,15 +179,41 @@ def deleted_entry(record: dict[str, Any]) -> LedgerEntry:
 
 def dataset_ledgers(runs: list[dict[str, Any]], deleted: list[dict[str, Any]], *,
                     delta: float | None = None) -> list[DatasetLedger]:
-    """One ledger per dataset (as the runs name it), largest spend first. `delta`: the delta at which
-    the DP-SGD runs are composed; by default the largest delta any of them was accounted at."""
-    by_dataset: dict[str, list[LedgerEntry]] = {}
-    for run in runs:
-        by_dataset.setdefault(str(run.get("dataset")), []).append(live_entry(run))
-    for record in deleted:
-        by_dataset.setdefault(str(record.get("dataset")), []).append(deleted_entry(record))
-    ledgers = [_total(name, sorted(entries, key=lambda e: e.run_id), delta) for name, entries in by_dataset.items()]
+    """One ledger per dataset (runs sharing a name or a fingerprint), largest spend first. `delta`: the
+    delta at which the DP-SGD runs are composed; by default the largest delta any of them was accounted at."""
+    spent = [(run, live_entry(run)) for run in runs] + [(record, deleted_entry(record)) for record in deleted]
+    spent.sort(key=lambda pair: pair[1].run_id)
+    groups: dict[int, list[tuple[dict[str, Any], LedgerEntry]]] = {}
+    for group, pair in zip(same_data([(str(row.get("dataset")), row.get("dataset_fingerprint")) for row, _ in spent]),
+                           spent):
+        groups.setdefault(group, []).append(pair)
+    ledgers = []
+    for pairs in groups.values():
+        names = list(dict.fromkeys(str(row.get("dataset")) for row, _ in pairs))  # the earliest run's name first
+        ledger = _total(names[0], [entry for _, entry in pairs], delta)
+        ledgers.append(dataclasses.replace(ledger, also_named=names[1:]))
     return sorted(ledgers, key=lambda ledger: (-ledger.epsilon, ledger.dataset))
+
+
+def same_data(keys: list[tuple[str, str | None]]) -> list[int]:
+    """For each (name, fingerprint), the index of its group: keys that share a name or a fingerprint,
+    directly or through others, are one group (union-find); a missing fingerprint matches nothing."""
+    parent = list(range(len(keys)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first: dict[tuple[str, str], int] = {}
+    for i, (name, fingerprint) in enumerate(keys):
+        for key in [("name", name)] + ([("fingerprint", fingerprint)] if fingerprint else []):
+            if key in first:
+                parent[root(i)] = root(first[key])
+            else:
+                first[key] = i
+    return [root(i) for i in range(len(keys))]
 
 
 def _total(dataset: str, entries: list[LedgerEntry], delta: float | None) -> DatasetLedger:

@@ -32,7 +32,7 @@ from engine.events import loads, to_json_safe
 from engine.publication import run_epsilon
 from engine.store_files import abandon, empty_old_wal, replaced, store_files
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 STATUSES = ("queued", "running", "finished", "stopped", "failed")
 BUSY_TIMEOUT_S = 120  # a writer waits this long for another's write lock (a backup, an sqlite3 shell)
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -131,7 +131,21 @@ def _migration_4(db: sqlite_utils.Database) -> None:
             db.conn.execute(f"ALTER TABLE [studies] ADD COLUMN [{column}] {kind}")
 
 
-MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4]
+def _migration_5(db: sqlite_utils.Database) -> None:
+    # The dataset's fingerprint (a hash of its contents, from the run's plan event) on the run row and
+    # on a deleted run's record: the privacy ledger counts the same data under two names together.
+    # Runs planned before this version get it from their plan event; deleted ones have none.
+    for table in ("runs", "deleted_runs"):
+        if "dataset_fingerprint" not in {r[1] for r in db.conn.execute(f"PRAGMA table_info({table})")}:
+            db.conn.execute(f"ALTER TABLE [{table}] ADD COLUMN [dataset_fingerprint] TEXT")
+    db.conn.execute(
+        "UPDATE runs SET dataset_fingerprint = (SELECT json_extract(payload, '$.dataset_fingerprint') FROM events "
+        "WHERE events.run_id = runs.id AND events.type = 'plan' ORDER BY seq DESC LIMIT 1) "
+        "WHERE dataset_fingerprint IS NULL"
+    )
+
+
+MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5]
 RUN_COLUMNS_NEEDED = {"id", "name", "status", "config"}  # a `runs` table without these is not ours
 
 
@@ -384,7 +398,8 @@ class Store:
         self.reconcile_orphans()
         run = self.get_run(run_id)
         check_deletable(run)
-        keep = ("id", "name", "mechanism", "dataset", "status", "config_hash", "created", "finished", "notes")
+        keep = ("id", "name", "mechanism", "dataset", "dataset_fingerprint", "status", "config_hash", "created",
+                "finished", "notes")
         spent = run_epsilon(run)  # the run's own privacy spent (PATE: its publishable epsilon, not the dd one)
         record = {**{k: run.get(k) for k in keep}, "epsilon": spent.value, "delta": spent.delta,
                   "accountant": spent.accountant, "tags": ", ".join(run.get("tags") or []) or None,
@@ -690,7 +705,7 @@ class Store:
         self._stated[run_id] = payload.get("accountant")
         columns = {"model": "model", "device": "device", "num_train": "num_train", "num_test": "num_test",
                    "sample_rate": "sample_rate", "noise_multiplier": "noise_multiplier", "steps": "steps_planned",
-                   "delta": "delta"}
+                   "delta": "delta", "dataset_fingerprint": "dataset_fingerprint"}
         values = {column: payload[key] for key, column in columns.items() if payload.get(key) is not None}
         if values:
             conn.execute(f"update runs set {', '.join(f'{c} = ?' for c in values)} where id = ?",

@@ -73,7 +73,7 @@ class LedgerDialog(QDialog):
         bold = QFont(self.font())
         bold.setBold(True)
         for ledger in ledgers:
-            top = QTreeWidgetItem([f"{ledger.dataset} — {ledger.statement()}"])
+            top = QTreeWidgetItem([f"{ledger.title} — {ledger.statement()}"])
             top.setFont(0, bold)
             if ledger.unbounded:
                 top.setForeground(0, QColor(UNBOUNDED_COLOUR))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -146,3 +147,55 @@ def test_an_infinite_epsilon_is_unbounded_and_strict_json(tmp_path):
                                  "--delta", "1e-5", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output, parse_constant=lambda c: pytest.fail(f"bare {c}"))["epsilon"] == "Infinity"
+
+
+def test_the_same_contents_under_two_names_are_one_ledger_and_names_alone_still_join():
+    """Runs join when they share a name or a fingerprint, also through other runs; a run without a
+    fingerprint (recorded before fingerprints were) joins by name only."""
+    one = pld_epsilon(sample_rate=0.05, noise_multiplier=1.0, steps=100, delta=1e-5).value
+    runs = [dpsgd(1, dataset="patients.csv", dataset_fingerprint="aa"),
+            dpsgd(2, dataset="copy-of-patients.csv", dataset_fingerprint="aa"),
+            dpsgd(3, dataset="copy-of-patients.csv", dataset_fingerprint="bb"),  # edited later, same name
+            dpsgd(4, dataset="other.csv", dataset_fingerprint="cc"),
+            dpsgd(5, dataset="patients.csv")]
+    deleted = [{"id": 6, "name": "gone", "mechanism": "pate", "dataset": "renamed.csv", "dataset_fingerprint": "bb",
+                "status": "finished", "epsilon": 2.0, "delta": 1e-6}]
+    ledgers = {ledger.dataset: ledger for ledger in dataset_ledgers(runs, deleted)}
+    assert set(ledgers) == {"patients.csv", "other.csv"}
+    joined = ledgers["patients.csv"]
+    assert [e.run_id for e in joined.entries] == [1, 2, 3, 5, 6]
+    assert joined.also_named == ["copy-of-patients.csv", "renamed.csv"]
+    assert joined.title == "patients.csv (the same data also as copy-of-patients.csv, renamed.csv)"
+    four = pld_epsilon(sample_rate=0.05, noise_multiplier=1.0, steps=400, delta=1e-5).value
+    assert joined.epsilon == pytest.approx(four + 2.0, rel=1e-6)  # four runs composed, the deleted one added
+    assert joined.named("renamed.csv") and not joined.named("other.csv")
+    assert ledgers["other.csv"].epsilon == pytest.approx(one, rel=1e-6) and ledgers["other.csv"].title == "other.csv"
+
+
+def test_dpw_ledger_counts_a_copied_csv_file_with_the_original(tmp_path):
+    """Real runs on a CSV file and on a copy of it under another name: one ledger, both runs composed;
+    `--dataset` finds it by either name. A file with other contents stays apart."""
+    from test_export_paths import train_in_store
+
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(300, 3))
+    labels = (features[:, 0] + features[:, 1] > 0).astype(int)
+    text = "a,b,c,label\n" + "\n".join(f"{a:.6f},{b:.6f},{c:.6f},{y}" for (a, b, c), y in zip(features, labels))
+    original, copy, other = tmp_path / "patients.csv", tmp_path / "export-2026.csv", tmp_path / "other.csv"
+    original.write_text(text + "\n")
+    copy.write_bytes(original.read_bytes())
+    other.write_text(text.replace("label\n", "label\n0.5,0.5,0.5,1\n", 1) + "\n")
+    store = Store(tmp_path / "runs.sqlite")
+    settings = dict(model="logistic", noise_multiplier=1.0, expected_batch_size=32, epochs=1, learning_rate=0.5)
+    ids = [train_in_store(store, name=path.stem, dataset=str(path), **settings) for path in (original, copy, other)]
+    rows = {run["id"]: run for run in store.list_runs()}
+    assert rows[ids[0]]["dataset_fingerprint"] == rows[ids[1]]["dataset_fingerprint"] != rows[ids[2]]["dataset_fingerprint"]
+
+    out = CliRunner().invoke(cli, ["ledger", "--db", str(store.path), "--dataset", str(copy), "--json"])
+    assert out.exit_code == 0, out.output
+    (joined,) = json.loads(out.output)
+    assert joined["dataset"] == str(original) and joined["also_named"] == [str(copy)]
+    assert [r["id"] for r in joined["runs"]] == ids[:2] and {r["counted"] for r in joined["runs"]} == {"composed"}
+    text_out = CliRunner().invoke(cli, ["ledger", "--db", str(store.path)])
+    assert f"{original} (the same data also as {copy}): 2 runs: together (ε = " in text_out.output
+    assert f"{other}: 1 run: together" in text_out.output

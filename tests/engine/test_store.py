@@ -153,7 +153,7 @@ def test_a_version_1_store_is_migrated_with_its_runs(tmp_path):
     db.conn.commit()
     db.close()
     store = Store(path)
-    assert store.schema_version == SCHEMA_VERSION == 4
+    assert store.schema_version == SCHEMA_VERSION == 5
     assert store.get_run(7)["name"] == "old"
     store.delete_run(7)
     assert store.create_run(RunConfig(name="new", noise_multiplier=1.0)) == 8
@@ -487,7 +487,7 @@ def test_a_schema_3_store_gains_tags_and_notes_and_keeps_its_runs_and_records(tm
     db.conn.commit()
     db.close()
     store = Store(path)
-    assert store.schema_version == SCHEMA_VERSION == 4
+    assert store.schema_version == SCHEMA_VERSION == 5
     (run,) = store.list_runs()
     assert run["name"] == "old" and run["tags"] == [] and run["notes"] is None
     assert [(r["id"], r["epsilon"], r["tags"]) for r in store.deleted_runs()] == [(4, 0.9, [])]
@@ -526,3 +526,28 @@ def test_a_running_run_states_its_accountants_latest_value_not_the_live_bound(st
         assert (eps.value, eps.accountant) == (0.25, "pld") and epsilon_label(row) == "0.25"
     store.update_run(run_id, status="failed")
     assert publishable_epsilon(store.get_run(run_id)).value == 0.71
+
+
+def test_a_version_4_store_gets_each_runs_dataset_fingerprint_from_its_plan_event(tmp_path):
+    import json
+
+    import sqlite_utils
+
+    from engine.store import MIGRATIONS
+
+    path = tmp_path / "v4.sqlite"
+    db = sqlite_utils.Database(path)
+    for migration in MIGRATIONS[:4]:
+        migration(db)
+    db.conn.execute("PRAGMA user_version = 4")
+    db["runs"].insert_all([{"id": 1, "name": "planned", "status": "finished", "config": "{}"},
+                           {"id": 2, "name": "queued", "status": "queued", "config": "{}"}])
+    db["events"].insert({"run_id": 1, "seq": 0, "type": "plan", "t": 0.0,
+                         "payload": json.dumps({"dataset_fingerprint": "f00d", "steps": 3})})
+    db["deleted_runs"].insert({"id": 3, "name": "old", "dataset": "digits"})
+    db.conn.commit()
+    db.close()
+    store = Store(path)
+    assert store.schema_version == SCHEMA_VERSION
+    assert [(r["id"], r["dataset_fingerprint"]) for r in store.list_runs()] == [(1, "f00d"), (2, None)]
+    assert store.deleted_runs()[0]["dataset_fingerprint"] is None
