@@ -34,6 +34,33 @@ def display_problem(environ=None) -> str | None:
             "on a server use `xvfb-run dpw gui`, or the CLI (`dpw run`, `dpw list`, `dpw report`)")
 
 
+# Libraries Qt's xcb platform plugin loads from the system (the wheel does not carry them): the
+# library's name as the linker knows it, and the Debian package that installs it.
+XCB_LIBRARIES = {
+    "xcb-cursor": "libxcb-cursor0", "xkbcommon-x11": "libxkbcommon-x11-0", "xcb-icccm": "libxcb-icccm4",
+    "xcb-image": "libxcb-image0", "xcb-keysyms": "libxcb-keysyms1", "xcb-randr": "libxcb-randr0",
+    "xcb-render-util": "libxcb-render-util0", "xcb-shape": "libxcb-shape0", "xcb-xkb": "libxcb-xkb1",
+    "EGL": "libegl1", "fontconfig": "libfontconfig1",
+}
+
+
+def missing_xcb_libraries(environ=None, find=None) -> list[str]:
+    """The Debian packages of the X11 libraries Qt will look for and not find (Qt then aborts with a
+    plugin message that names one at most); [] off Linux, for another platform, or when all are there.
+    `find` is ctypes.util.find_library (a finder may miss libraries in unusual places: a warning only)."""
+    import ctypes.util
+    import os
+
+    env = os.environ if environ is None else environ
+    platform = env.get("QT_QPA_PLATFORM", "")
+    if not sys.platform.startswith("linux") or (platform and not platform.startswith("xcb")):
+        return []
+    if not platform and env.get("WAYLAND_DISPLAY"):
+        return []  # Qt opens a Wayland window, not an X11 one
+    find = find or ctypes.util.find_library
+    return [package for library, package in XCB_LIBRARIES.items() if not find(library)]
+
+
 def create_app(argv: list[str] | None = None):
     """The QApplication (created once), named so QSettings and the desktop file find it."""
     from PySide6.QtGui import QIcon
@@ -65,6 +92,10 @@ def main(db_path: str | Path | None = None, argv: list[str] | None = None) -> in
     if no_display:
         print(f"error: {no_display}", file=sys.stderr)
         return 2
+    missing = missing_xcb_libraries()
+    if missing:
+        print(f"warning: libraries Qt needs for the window were not found ({', '.join(missing)}); if the window "
+              f"does not open, install them: sudo apt-get install {' '.join(missing)}", file=sys.stderr)
     app = create_app(argv)
     from workbench.main_window import MainWindow
     from workbench.store_problem import open_window_over

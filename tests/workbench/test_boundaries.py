@@ -64,3 +64,16 @@ def test_no_display_gets_a_clear_message_instead_of_a_qt_abort(tmp_path):
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2
     assert "no display" in proc.stderr and "xvfb-run dpw gui" in proc.stderr
+
+
+def test_missing_x11_libraries_are_named_with_their_debian_packages_before_qt_aborts():
+    from workbench.app import XCB_LIBRARIES, missing_xcb_libraries
+
+    none_found = missing_xcb_libraries({"DISPLAY": ":0"}, find=lambda name: None)
+    assert none_found == list(XCB_LIBRARIES.values()) and "libxcb-cursor0" in none_found
+    only_cursor = missing_xcb_libraries({"DISPLAY": ":0"}, find=lambda name: None if name == "xcb-cursor" else name)
+    assert only_cursor == ["libxcb-cursor0"]
+    for env in ({"QT_QPA_PLATFORM": "offscreen"}, {"WAYLAND_DISPLAY": "wayland-0", "DISPLAY": ":0"}):
+        assert missing_xcb_libraries(env, find=lambda name: None) == []
+    # every package the README's apt-get line installs is found on this machine
+    assert missing_xcb_libraries({"DISPLAY": ":0"}) == []
