@@ -223,7 +223,7 @@ class Dashboard(QWidget):
         page = QWidget()
         grid = QGridLayout(page)
         grid.setContentsMargins(0, 0, 0, 0)
-        self.teacher_plot = Plot("Teacher training", "epoch (one line per group of teachers)",
+        self.teacher_plot = Plot("Teacher training", "epoch (one line per group)",
                                  "mean train loss", legend=False)
         # Accuracies of models trained without privacy on private data: shown here, never exported.
         # A short title: a long one sets the plot's minimum width and pushes it under its neighbour.
@@ -242,7 +242,10 @@ class Dashboard(QWidget):
             "student_accuracy": self.student_plot.curve("test accuracy", 0, symbol="o"),
         }
         self.pate_curves["teacher_accuracy"].setPen(None)
-        self.ensemble_curve = self.teacher_acc_plot.curve("ensemble (plurality vote)", 3, style=Qt.PenStyle.DashLine)
+        # The plurality vote's accuracy: a dashed line labelled inside the plot (an x-axis label carrying
+        # it was clipped in narrow layouts).
+        self.ensemble_line = self.teacher_acc_plot.hline(None, " ", label_flips=True)
+        self.ensemble_anchor = self.teacher_acc_plot.anchor()
         self.pate_eps_curves: dict[str, pg.PlotDataItem] = {}
         self.pate_budget_line = self.pate_eps_plot.hline(None, "budget")
         self.pate_budget_anchor = self.pate_eps_plot.anchor()
@@ -264,10 +267,11 @@ class Dashboard(QWidget):
                 if plot.legend is not None:
                     plot.legend.removeItem(item)
             table.clear()
-        for item in list(self.curves.values()) + list(self.pate_curves.values()) + [self.ensemble_curve]:
+        for item in list(self.curves.values()) + list(self.pate_curves.values()):
             item.setData([], [])
+        self.teacher_acc_plot.set_line(self.ensemble_line, None)
         self.train_loss.clear()
-        for anchor in (self.budget_anchor, self.pate_budget_anchor):
+        for anchor in (self.budget_anchor, self.pate_budget_anchor, self.ensemble_anchor):
             anchor.setData([], [])
         self.eps_note.hide()
         self._dirty = []
@@ -480,14 +484,14 @@ class Dashboard(QWidget):
         m = data.metrics
         if "teacher_accuracy" in m:
             set_curve(self.pate_curves["teacher_accuracy"], m["teacher_accuracy"].x, m["teacher_accuracy"].y)
-        if "ensemble_accuracy" in m and len(m["ensemble_accuracy"]) and "teacher_accuracy" in m:
-            last = float(m["teacher_accuracy"].x.max())
+        if "ensemble_accuracy" in m and len(m["ensemble_accuracy"]):
             value = m["ensemble_accuracy"].last()
-            set_curve(self.ensemble_curve, np.array([0.0, last]), np.array([value, value]))
-            self.teacher_acc_plot.setLabel("bottom", f"teacher (- - ensemble {value:.3f})")
+            self.ensemble_line.label.setFormat(f"ensemble {value:.3f}")
+            self.teacher_acc_plot.set_line(self.ensemble_line, value)
+            self.ensemble_anchor.setData([0.0], [value])  # the line stays in view
         else:
-            self.ensemble_curve.setData([], [])
-            self.teacher_acc_plot.setLabel("bottom", "teacher")
+            self.teacher_acc_plot.set_line(self.ensemble_line, None)
+            self.ensemble_anchor.setData([], [])
 
     def _draw_student(self, data: RunData) -> None:
         series = data.metrics.get("test_accuracy")

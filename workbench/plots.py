@@ -403,11 +403,14 @@ class Plot(pg.PlotWidget):
         if path:
             self.export_csv(path)
 
-    def hline(self, value: float | None, label: str = "") -> pg.InfiniteLine:
+    def hline(self, value: float | None, label: str = "", *, label_flips: bool = False) -> pg.InfiniteLine:
+        """A dashed reference line at `value`, its label at the right end above it; `label_flips`: below
+        it while the line is in the upper half of the view (a line at the top keeps its label in view)."""
         _, foreground = palette_colours()
+        anchors = [(1, 0), (1, 1)] if label_flips else [(1, 1), (1, 1)]
         line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(QColor("#d62728"), width=1.5,
                                                                     style=Qt.PenStyle.DashLine),
-                               label=label, labelOpts={"position": 0.97, "color": foreground, "anchors": [(1, 1), (1, 1)]})
+                               label=label, labelOpts={"position": 0.97, "color": foreground, "anchors": anchors})
         self._lines.append((line, value))
         self.set_line(line, value)
         self.addItem(line, ignoreBounds=True)

@@ -60,6 +60,13 @@ def test_pate_dashboard_shows_teachers_queries_and_privacy(pate_window_and_run, 
     assert text.startswith(f"ε {row['epsilon']:.3g} (publishable, {row['accountant']}")
     assert "data-dependent ε" in text and "not publishable" in text
     assert "private" in window.dashboard.teacher_acc_plot.getPlotItem().titleLabel.text
+    # the plurality vote's accuracy: a line labelled with it inside the plot, kept in the view's range
+    ensemble = data.metrics["ensemble_accuracy"].last()
+    line = window.dashboard.ensemble_line
+    assert line.isVisible() and line.value() == pytest.approx(ensemble)
+    assert line.label.format == f"ensemble {ensemble:.3f}"
+    (_, _), (low, high) = window.dashboard.teacher_acc_plot.getPlotItem().getViewBox().viewRange()
+    assert low <= ensemble <= high
 
 
 def test_votes_view_reads_histograms_from_the_store(pate_window_and_run, qtbot):
