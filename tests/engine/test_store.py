@@ -140,18 +140,25 @@ def test_a_running_run_cannot_be_deleted(store):
     assert store.get_run(run_id)["status"] == "running" and store.deleted_runs() == []
 
 
-def test_a_version_1_store_is_migrated_with_its_runs(tmp_path):
+def older_store(path, version: int, **rows) -> None:
+    """A store file as an older version left it: its first `version` migrations and these rows per table."""
     import sqlite_utils
 
     from engine.store import MIGRATIONS
 
-    path = tmp_path / "old.sqlite"
     db = sqlite_utils.Database(path)
-    MIGRATIONS[0](db)
-    db.conn.execute("PRAGMA user_version = 1")
-    db["runs"].insert({"id": 7, "name": "old", "status": "finished", "config": "{}"})
+    for migration in MIGRATIONS[:version]:
+        migration(db)
+    db.conn.execute(f"PRAGMA user_version = {version}")
+    for table, table_rows in rows.items():
+        db[table].insert_all(table_rows)
     db.conn.commit()
     db.close()
+
+
+def test_a_version_1_store_is_migrated_with_its_runs(tmp_path):
+    path = tmp_path / "old.sqlite"
+    older_store(path, 1, runs=[{"id": 7, "name": "old", "status": "finished", "config": "{}"}])
     store = Store(path)
     assert store.schema_version == SCHEMA_VERSION == 5
     assert store.get_run(7)["name"] == "old"
@@ -473,19 +480,9 @@ def test_a_deleted_pate_run_keeps_its_publishable_epsilon_not_the_data_dependent
 
 
 def test_a_schema_3_store_gains_tags_and_notes_and_keeps_its_runs_and_records(tmp_path):
-    import sqlite_utils
-
-    from engine.store import MIGRATIONS
-
     path = tmp_path / "old.sqlite"
-    db = sqlite_utils.Database(path)
-    for migration in MIGRATIONS[:3]:
-        migration(db)
-    db.conn.execute("PRAGMA user_version = 3")
-    db["runs"].insert({"id": 5, "name": "old", "status": "finished", "config": "{}", "epsilon": 1.5})
-    db["deleted_runs"].insert({"id": 4, "name": "gone", "epsilon": 0.9, "deleted": "2026-01-01T00:00:00"})
-    db.conn.commit()
-    db.close()
+    older_store(path, 3, runs=[{"id": 5, "name": "old", "status": "finished", "config": "{}", "epsilon": 1.5}],
+                deleted_runs=[{"id": 4, "name": "gone", "epsilon": 0.9, "deleted": "2026-01-01T00:00:00"}])
     store = Store(path)
     assert store.schema_version == SCHEMA_VERSION == 5
     (run,) = store.list_runs()
@@ -531,22 +528,12 @@ def test_a_running_run_states_its_accountants_latest_value_not_the_live_bound(st
 def test_a_version_4_store_gets_each_runs_dataset_fingerprint_from_its_plan_event(tmp_path):
     import json
 
-    import sqlite_utils
-
-    from engine.store import MIGRATIONS
-
     path = tmp_path / "v4.sqlite"
-    db = sqlite_utils.Database(path)
-    for migration in MIGRATIONS[:4]:
-        migration(db)
-    db.conn.execute("PRAGMA user_version = 4")
-    db["runs"].insert_all([{"id": 1, "name": "planned", "status": "finished", "config": "{}"},
-                           {"id": 2, "name": "queued", "status": "queued", "config": "{}"}])
-    db["events"].insert({"run_id": 1, "seq": 0, "type": "plan", "t": 0.0,
-                         "payload": json.dumps({"dataset_fingerprint": "f00d", "steps": 3})})
-    db["deleted_runs"].insert({"id": 3, "name": "old", "dataset": "digits"})
-    db.conn.commit()
-    db.close()
+    older_store(path, 4, runs=[{"id": 1, "name": "planned", "status": "finished", "config": "{}"},
+                               {"id": 2, "name": "queued", "status": "queued", "config": "{}"}],
+                events=[{"run_id": 1, "seq": 0, "type": "plan", "t": 0.0,
+                         "payload": json.dumps({"dataset_fingerprint": "f00d", "steps": 3})}],
+                deleted_runs=[{"id": 3, "name": "old", "dataset": "digits"}])
     store = Store(path)
     assert store.schema_version == SCHEMA_VERSION
     assert [(r["id"], r["dataset_fingerprint"]) for r in store.list_runs()] == [(1, "f00d"), (2, None)]

@@ -23,7 +23,7 @@ from engine.privacy.tuning import repeat_and_select_rdp, tuning_epsilon
 from engine.publication import EXPLORATORY_NOTE, publishable_epsilon, run_epsilon
 from engine.report import build_report
 from engine.runner import execute
-from engine.store import MIGRATIONS, SCHEMA_VERSION, Store
+from engine.store import SCHEMA_VERSION, Store
 from engine.study import StudyPlan, plan_candidates, private_study_epsilon, run_study
 from engine.study_config import StudyConfig
 
@@ -287,17 +287,11 @@ def test_dpw_study_runs_its_candidates_in_runner_processes(tmp_path):
 
 # ---- the store -------------------------------------------------------------------------------------
 def test_a_schema_2_store_gains_studies_and_keeps_its_runs(tmp_path):
-    import sqlite_utils
+    from test_store import older_store
 
     path = tmp_path / "old.sqlite"
-    db = sqlite_utils.Database(path)
-    for migration in MIGRATIONS[:2]:
-        migration(db)
-    db.conn.execute("PRAGMA user_version = 2")
-    db["runs"].insert({"id": 4, "name": "old", "status": "finished", "config": "{}", "epsilon": 1.5,
-                       "mechanism": "dpsgd"})
-    db.conn.commit()
-    db.close()
+    older_store(path, 2, runs=[{"id": 4, "name": "old", "status": "finished", "config": "{}", "epsilon": 1.5,
+                                "mechanism": "dpsgd"}])
     store = Store(path)
     assert store.schema_version == SCHEMA_VERSION
     (run,) = store.list_runs()
