@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+from PySide6.QtWidgets import QMenu
 
 from engine.config import RunConfig
 from engine.ledger import dataset_ledgers
@@ -40,7 +41,7 @@ def ledger_store(db_path):
 
 def test_the_ledger_opens_from_the_view_menu_and_states_each_dataset(window, qtbot, ledger_store):
     assert window.act_ledger.shortcut().toString() == "Ctrl+L"
-    view_menu = next(a.menu() for a in window.menuBar().actions() if a.text() == "&View")
+    view_menu = next(m for m in window.menuBar().findChildren(QMenu) if m.title() == "&View")
     assert window.act_ledger in view_menu.actions()
     window.refresh_runs()
     window.act_ledger.trigger()

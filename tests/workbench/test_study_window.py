@@ -8,6 +8,7 @@ import json
 
 import pytest
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QMenu
 
 from engine.publication import exploratory_note, publishable_epsilon
 from engine.study import plan_summary
@@ -37,7 +38,7 @@ def study_file(tmp_path, mode="composition"):
 def test_the_study_action_is_in_the_run_menu_and_toolbar_with_a_shortcut(window):
     assert window.act_study.shortcut().toString() == "Ctrl+T"
     assert window.act_study in window.toolbar.actions()
-    run_menu = next(a.menu() for a in window.menuBar().actions() if a.text() == "&Run")
+    run_menu = next(m for m in window.menuBar().findChildren(QMenu) if m.title() == "&Run")
     assert window.act_study in run_menu.actions()
 
 
