@@ -101,6 +101,13 @@ def _migration_2(db: sqlite_utils.Database) -> None:
     )
 
 
+def _add_column(db: sqlite_utils.Database, table: str, column: str, kind: str = "TEXT") -> None:
+    """ALTER TABLE ... ADD COLUMN unless the column is there (a migration that an older version left
+    half done is completed, not refused)."""
+    if column not in {r[1] for r in db.conn.execute(f"PRAGMA table_info({table})")}:
+        db.conn.execute(f"ALTER TABLE [{table}] ADD COLUMN [{column}] {kind}")
+
+
 def _migration_3(db: sqlite_utils.Database) -> None:
     # Tuning studies (engine.study): a group of runs on the same data with one privacy statement for
     # the group; `released_run_id` is the run a private study released (its other runs never leave).
@@ -109,8 +116,7 @@ def _migration_3(db: sqlite_utils.Database) -> None:
         "[status] TEXT, [created] TEXT, [finished] TEXT, [epsilon] FLOAT, [delta] FLOAT, [accountant] TEXT, "
         "[released_run_id] INTEGER, [num_candidates] INTEGER, [error] TEXT)"
     )
-    if "study_id" not in {r[1] for r in db.conn.execute("PRAGMA table_info(runs)")}:
-        db.conn.execute("ALTER TABLE [runs] ADD COLUMN [study_id] INTEGER REFERENCES [studies]([id])")
+    _add_column(db, "runs", "study_id", "INTEGER REFERENCES [studies]([id])")
 
 
 def _migration_4(db: sqlite_utils.Database) -> None:
@@ -122,13 +128,11 @@ def _migration_4(db: sqlite_utils.Database) -> None:
     db.conn.execute(f"CREATE TABLE IF NOT EXISTS [run_tags] ({_RUN_REF}, [tag] TEXT NOT NULL)")
     db.conn.execute("CREATE UNIQUE INDEX IF NOT EXISTS [idx_run_tags_run_id_tag] ON [run_tags] ([run_id], [tag])")
     for table, column in (("runs", "notes"), ("deleted_runs", "notes"), ("deleted_runs", "tags")):
-        if column not in {r[1] for r in db.conn.execute(f"PRAGMA table_info({table})")}:
-            db.conn.execute(f"ALTER TABLE [{table}] ADD COLUMN [{column}] TEXT")
+        _add_column(db, table, column)
     # A study's own process (pid, host), so a study whose `dpw study` was killed is marked interrupted
     # the way a run whose runner died is marked failed (Store.reconcile_studies).
     for column, kind in (("pid", "INTEGER"), ("host", "TEXT")):
-        if column not in {r[1] for r in db.conn.execute("PRAGMA table_info(studies)")}:
-            db.conn.execute(f"ALTER TABLE [studies] ADD COLUMN [{column}] {kind}")
+        _add_column(db, "studies", column, kind)
 
 
 def _migration_5(db: sqlite_utils.Database) -> None:
@@ -136,8 +140,7 @@ def _migration_5(db: sqlite_utils.Database) -> None:
     # on a deleted run's record: the privacy ledger counts the same data under two names together.
     # Runs planned before this version get it from their plan event; deleted ones have none.
     for table in ("runs", "deleted_runs"):
-        if "dataset_fingerprint" not in {r[1] for r in db.conn.execute(f"PRAGMA table_info({table})")}:
-            db.conn.execute(f"ALTER TABLE [{table}] ADD COLUMN [dataset_fingerprint] TEXT")
+        _add_column(db, table, "dataset_fingerprint")
     db.conn.execute(
         "UPDATE runs SET dataset_fingerprint = (SELECT json_extract(payload, '$.dataset_fingerprint') FROM events "
         "WHERE events.run_id = runs.id AND events.type = 'plan' ORDER BY seq DESC LIMIT 1) "

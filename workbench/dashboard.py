@@ -244,7 +244,7 @@ class Dashboard(QWidget):
         self.pate_curves["teacher_accuracy"].setPen(None)
         # The plurality vote's accuracy: a dashed line labelled inside the plot (an x-axis label carrying
         # it was clipped in narrow layouts).
-        self.ensemble_line = self.teacher_acc_plot.hline(None, " ", label_flips=True)
+        self.ensemble_line = self.teacher_acc_plot.hline(None, label_flips=True)
         self.ensemble_anchor = self.teacher_acc_plot.anchor()
         self.pate_eps_curves: dict[str, pg.PlotDataItem] = {}
         self.pate_budget_line = self.pate_eps_plot.hline(None, "budget")

@@ -56,7 +56,7 @@ class GraphedClippedSum:
         self.max_batch = max_batch
         self.capture = capture
         self._buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph | None, tuple]] = {}
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple]] = {}  # bucket -> (graph, its outputs)
         self._pool = None
         self._eager = False  # a capture failed: the strategy's own clipped sum from then on
 
