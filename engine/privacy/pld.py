@@ -76,6 +76,10 @@ _MAX_FFT = 1 << 21  # composed grid; a coarser h is used beyond this
 _MAX_REFINED = 1 << 12  # low frequencies recomputed in extended precision (see _power_spectrum)
 _REFINE_WORK = 1 << 21  # at most this many (frequency x atom) long-double terms
 _LOSS_LIMIT = 600.0  # |loss| beyond this is not gridded (e^600 is still a finite float)
+_GAMMA_LIMIT = 700.0  # e^eps is taken at most at this eps: a smaller gamma only moves mass up (pessimistic)
+_SIGMA_FLOOR = 1e-100  # below this noise multiplier sigma^2 underflows: treated as no noise at all
+_MAX_AUTO_H = 0.1  # the coarsest loss grid step picked automatically (as allowed for an explicit one)
+_MAX_H = 10.0  # a composed loss too wide for _MAX_FFT points of this step (epsilon in the millions): inf
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,7 @@ def pld_epsilon(
     d = _validate.delta(delta)
     if q == 0.0 or t == 0:
         return Epsilon(value=0.0, delta=d, accountant="pld")
-    if sigma == 0.0:
+    if sigma < _SIGMA_FLOOR:
         return Epsilon(value=math.inf, delta=d, accountant="pld")
     tail = 1e-6 * d  # window tails and round-off may each add this much to delta
     value = max(_epsilon_of(_compose_direction(q, sigma, t, h, add, tail), d) for add in (False, True))
@@ -146,7 +150,7 @@ def pld_delta(
     eps = _validate.epsilon(epsilon)
     if q == 0.0 or t == 0:
         return 0.0
-    if sigma == 0.0:
+    if sigma < _SIGMA_FLOOR:
         return 1.0
     deltas = (_delta_of(_compose_direction(q, sigma, t, h, add, _WINDOW_TAIL), eps) for add in (False, True))
     return float(min(1.0, max(deltas)))
@@ -165,18 +169,18 @@ def _check(sample_rate, noise_multiplier, steps, discretization):
 
 
 def _auto_discretization(q: float, sigma: float, steps: int) -> float:
-    """Grid step when none is given: min(s1/16, max(1e-4, sqrt(T) s1 / 2^14)), floored at 1e-6.
+    """Grid step when none is given: min(s1/16, max(1e-4, sqrt(T) s1 / 2^14)), within [1e-6, 0.1].
 
     s1 = min(q sqrt(e^(1/sigma^2) - 1), 1/sigma) is the scale of one step's privacy loss
     (its standard deviation for small q, and 1/sigma exactly for q = 1). The connect-the-dots
     error is second order in h / s1; and once the composed loss spreads over sqrt(T) s1 >> 1
     (epsilons in the tens or more) a step of 1/16384 of that spread is plenty.
     """
-    if q == 0.0 or sigma == 0.0:
+    if q == 0.0 or sigma < _SIGMA_FLOOR:
         return DEFAULT_DISCRETIZATION
     scale = min(q * math.sqrt(math.expm1(min(1.0 / sigma**2, 700.0))), 1.0 / sigma)
     spread = math.sqrt(max(steps, 1)) * scale
-    return max(1e-6, min(scale / 16.0, max(DEFAULT_DISCRETIZATION, spread / 16384.0)))
+    return min(_MAX_AUTO_H, max(1e-6, min(scale / 16.0, max(DEFAULT_DISCRETIZATION, spread / 16384.0))))
 
 
 # ---------------------------------------------------------------------------------------
@@ -304,7 +308,7 @@ def _discretise(q: float, sigma: float, h: float, add: bool, lo: float, hi: floa
     mass = np.zeros(n)
     mass[0] += p[0]  # everything with loss <= eps_lo is moved up onto eps_lo
     # Bins (eps_i, eps_{i+1}]: keep P and Q mass, so u goes up and P - u stays down.
-    gamma = np.exp(eps[:-1])
+    gamma = np.exp(np.minimum(eps[:-1], _GAMMA_LIMIT))
     pb, qb = p[1:n], qq[1:n]
     up = pb - gamma * qb + (p_err[1:n] + gamma * q_err[1:n] + 4.0 * _U * (pb + gamma * qb))
     up = np.clip(up / -math.expm1(-h), 0.0, pb)
@@ -312,7 +316,7 @@ def _discretise(q: float, sigma: float, h: float, add: bool, lo: float, hi: floa
     mass[:-1] += pb - up
     # Above eps_hi: delta(eps_hi) = P - e^eps_hi Q goes to +infinity, the rest onto eps_hi.
     p_top, q_top = p[n], qq[n]
-    gamma_top = math.exp(eps[-1])
+    gamma_top = math.exp(min(eps[-1], _GAMMA_LIMIT))
     infinity = p_top - gamma_top * q_top + p_err[n] + gamma_top * q_err[n] + 4.0 * _U * (p_top + gamma_top * q_top)
     infinity = min(max(infinity, 0.0), p_top)
     mass[-1] += p_top - infinity
@@ -508,8 +512,9 @@ def _log_sum_exp(z: np.ndarray) -> float:
 
 def _beyond_the_grid(h: float) -> _Composed:
     """A step whose privacy loss lies almost all beyond +-_LOSS_LIMIT (e.g. sample rate 1 and noise
-    multiplier 0.01: loss about 1 / (2 sigma^2) = 5000): no grid holds it, so all of its mass is
-    counted in delta, which gives epsilon = inf, an upper bound (as a sample rate below 1 already did)."""
+    multiplier 0.01: loss about 1 / (2 sigma^2) = 5000), or a composition whose loss spreads wider than
+    _MAX_FFT grid steps of _MAX_H: no grid holds it, so all of its mass is counted in delta, which gives
+    epsilon = inf, an upper bound (as a sample rate below 1 already did)."""
     return _Composed(h=h, first=0, g=np.zeros(1), extra=1.0)
 
 
@@ -520,19 +525,20 @@ def _compose_direction(q: float, sigma: float, steps: int, h: float, add: bool, 
     range (large epsilons) never builds a fine grid that would then be thrown away.
     """
     lo, hi = _loss_range(q, sigma, add)
-    if lo >= hi:
-        return _beyond_the_grid(h)
+    if lo >= _LOSS_LIMIT:
+        return _beyond_the_grid(h)  # (lo >= hi below it: a range narrower than the root finder's 1e-9, one bin)
     h = max(h, (hi - lo) / _MAX_SINGLE_BINS)
     coarse = (hi - lo) / 4096
     if coarse > 16 * h:
         w = _window(_discretise(q, sigma, coarse, add, lo, hi), steps, tail)
         h = max(h, 1.1 * w.size * coarse / _MAX_FFT)
-    while True:
+    while h <= _MAX_H:
         single = _discretise(q, sigma, h, add, lo, hi)
         window = _window(single, steps, tail)
         if window.size <= _MAX_FFT:
             return _compose(single, steps, window, slack=tail)
         h *= 1.1 * window.size / _MAX_FFT
+    return _beyond_the_grid(h)
 
 
 # ---------------------------------------------------------------------------------------
@@ -613,7 +619,7 @@ def pld_epsilon_composed(*, mechanisms, delta: float, discretization: float | No
         q, sigma, t, _ = _check(m.sample_rate, m.noise_multiplier, m.steps, 0.1)
         if q == 0.0 or t == 0:
             continue
-        if sigma == 0.0:
+        if sigma < _SIGMA_FLOOR:
             return Epsilon(value=math.inf, delta=d, accountant="pld")
         groups[(q, sigma)] = groups.get((q, sigma), 0) + t
     if not groups:
@@ -636,10 +642,12 @@ def pld_epsilon_composed(*, mechanisms, delta: float, discretization: float | No
 def _compose_mixed(parts: list[tuple[float, float, int]], h: float, add: bool, tail: float) -> _Composed:
     """Compose several (q, sigma, steps) in one direction on one grid, coarsening h where it must."""
     ranges = [_loss_range(q, sigma, add) for q, sigma, _ in parts]
-    if any(lo >= hi for lo, hi in ranges):
+    if any(lo >= _LOSS_LIMIT for lo, _ in ranges):
         return _beyond_the_grid(h)
     h = max([h] + [(hi - lo) / _MAX_SINGLE_BINS for lo, hi in ranges])
     while True:
+        if h > _MAX_H:
+            return _beyond_the_grid(h)
         singles = [_discretise(q, sigma, h, add, lo, hi) for (q, sigma, _), (lo, hi) in zip(parts, ranges)]
         steps = [t for _, _, t in parts]
         window = _mixed_window(singles, steps, tail)

@@ -193,3 +193,50 @@ def test_a_loss_beyond_the_grid_gives_an_infinite_epsilon_not_an_error():
              SubsampledGaussian(sample_rate=0.01, noise_multiplier=1.0, steps=100)]
     assert pld_epsilon_composed(mechanisms=mixed, delta=1e-5).value == math.inf
     assert math.isfinite(pld_epsilon(sample_rate=1.0, noise_multiplier=0.04, steps=1, delta=1e-5).value)
+
+
+@pytest.mark.parametrize("sigma", [1e-9, 1e-300])
+def test_a_vanishing_noise_multiplier_gives_the_sampled_mass_as_delta_not_an_error(sigma):
+    """Noise multiplier 1e-9 in a config made its run fail at the end (OverflowError in e^eps on a grid
+    step of 1e5) and then broke `dpw ledger` for the whole store. With (almost) no noise, every step
+    that samples the example reveals it: delta at any epsilon is the chance it is sampled at all,
+    1 - (1 - q)^T, and no finite epsilon holds at a delta below that."""
+    from engine.privacy.pld import SubsampledGaussian, pld_epsilon_composed
+
+    q, steps = 0.01, 10
+    sampled = -math.expm1(steps * math.log1p(-q))
+    assert pld_epsilon(sample_rate=q, noise_multiplier=sigma, steps=steps, delta=1e-5).value == math.inf
+    delta = pld_delta(sample_rate=q, noise_multiplier=sigma, steps=steps, epsilon=5.0)
+    assert sampled <= delta
+    if sigma > 1e-100:  # below, sigma^2 underflows and delta is bounded by 1
+        assert delta <= sampled * (1 + 1e-9)
+    mixed = [SubsampledGaussian(q, sigma, steps), SubsampledGaussian(0.01, 1.0, 100)]
+    assert pld_epsilon_composed(mechanisms=mixed, delta=1e-5).value == math.inf
+
+
+def test_a_composition_too_wide_for_any_grid_gives_an_infinite_epsilon_not_an_error():
+    """A billion full-batch steps at noise 0.5 (epsilon about 1e9): the grid step grew without end
+    until ceil(inf) raised. Beyond 2^21 points of step 10 the bound is inf; below that it stays finite."""
+    from engine.privacy.pld import SubsampledGaussian, pld_epsilon_composed
+
+    for q, sigma in [(1.0, 0.5), (0.3, 0.2)]:
+        assert pld_epsilon(sample_rate=q, noise_multiplier=sigma, steps=10**9, delta=1e-5).value == math.inf
+        assert pld_delta(sample_rate=q, noise_multiplier=sigma, steps=10**9, epsilon=10.0) == 1.0
+        mixed = [SubsampledGaussian(q, sigma, 10**9), SubsampledGaussian(0.01, 1.0, 100)]
+        assert pld_epsilon_composed(mechanisms=mixed, delta=1e-5).value == math.inf
+    wide = pld_epsilon(sample_rate=1.0, noise_multiplier=0.5, steps=10**6, delta=1e-5).value
+    assert 2e6 <= wide < 2.2e6  # T / (2 sigma^2) = 2e6, plus the spread
+
+
+@pytest.mark.parametrize("q,sigma,steps", [(1e-9, 1000.0, 1), (1e-20, 1.0, 1000), (1e-9, 1000.0, 10**6)])
+def test_a_vanishing_sample_rate_spends_almost_nothing_not_infinity(q, sigma, steps):
+    """One step's loss range was narrower than the root finder's tolerance (1e-9), came back empty and
+    was taken for a loss beyond the grid: epsilon inf, and `dpw privacy calibrate` claimed no noise
+    could reach any target. delta at any epsilon is at most the chance the example is sampled at all,
+    q T, below 1e-5 here, so epsilon is 0 at delta 1e-5."""
+    from engine.privacy.pld import SubsampledGaussian, pld_epsilon_composed
+
+    assert pld_epsilon(sample_rate=q, noise_multiplier=sigma, steps=steps, delta=1e-5).value == 0.0
+    assert pld_delta(sample_rate=q, noise_multiplier=sigma, steps=steps, epsilon=1e-3) <= max(q * steps, 1e-11)
+    mixed = [SubsampledGaussian(q, sigma, steps), SubsampledGaussian(1e-3, 1000.0, 1)]
+    assert pld_epsilon_composed(mechanisms=mixed, delta=1e-5).value == 0.0
