@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from engine.errors import DPWError, ExportFilesExist
+from engine.events import to_json_safe
 from engine.runner import sha256_of
 from engine.store import Store
 
@@ -209,7 +210,8 @@ def export_run(store: Store, run_ref: str | int, out_dir: str | Path, *, kind: s
 
     plan = next((e for e in store.events(trained.run["id"]) if e["type"] == "plan"), {})
     card = model_card(trained, files, plan)
-    (out / "model_card.json").write_text(json.dumps(card, indent=2, default=str), encoding="utf-8")
+    (out / "model_card.json").write_text(json.dumps(to_json_safe(card), indent=2, default=str, allow_nan=False),
+                                         encoding="utf-8")
     files["model_card.json"] = sha256_of(out / "model_card.json")
     # safetensors creates its file readable by its owner alone (0600); give it the others' mode (the
     # user's umask), so whoever may read the model card may read the weights it describes.

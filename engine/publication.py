@@ -30,6 +30,7 @@ import numpy as np
 from engine.errors import DPWError
 
 NO_GUARANTEE_STATEMENT = "No differential privacy guarantee: the noise is reproducible from the published seed"
+NO_FINITE_BOUND_STATEMENT = "No finite differential privacy guarantee: the noise is too small for any bound on epsilon"
 NO_GUARANTEE = "no guarantee"
 NOT_PUBLISHABLE = "not publishable: a function of the private votes"
 PATE_DATA_INDEPENDENT = "pate-di"

@@ -16,13 +16,16 @@ import base64
 import html
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from engine.config import AGGREGATOR_FIELDS
 from engine.settings_in_effect import settings_in_effect
 from engine.errors import DPWError
+from engine.events import to_json_safe
 from engine.publication import (
+    NO_FINITE_BOUND_STATEMENT,
     NO_GUARANTEE_STATEMENT,
     NOT_PUBLISHABLE,
     PATE_DATA_INDEPENDENT,
@@ -103,7 +106,12 @@ def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
         statement += " " + processes
     if eps.note:
         statement += f" Tuning study: {eps.note}."
-    if not eps.guarantee:
+    bounded = math.isfinite(value)
+    if not bounded:
+        statement = (f"{NO_FINITE_BOUND_STATEMENT} at delta {delta:.3g} ('{accountant}' accountant): epsilon is "
+                     f"infinite, which bounds nothing. Mechanism: {name}. The attacker figures below, read from the "
+                     f"whole privacy profile, can still be finite.")
+    elif not eps.guarantee:
         statement = (f"{NO_GUARANTEE_STATEMENT} (reproducible_noise = true, a debugging setting): anyone who "
                      f"knows the seed can rebuild every noise draw and sampled batch and remove them. The "
                      f"accountant's figure below would hold only for secret noise. " + statement.replace(
@@ -113,7 +121,7 @@ def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
         "mechanism": mechanism,
         "epsilon": value,
         "delta": delta,
-        "holds": eps.guarantee,
+        "holds": eps.guarantee and bounded,
         "accountant": accountant,
         "accountant_version": f"engine.privacy ({accountant}) of dp-workbench {_engine_version()}",
         "accountant_description": ACCOUNTANT_DESCRIPTIONS.get(accountant, accountant),
@@ -161,8 +169,6 @@ def pate_statement(run: dict[str, Any]) -> str:
 
 
 def _exp(x: float) -> str:
-    import math
-
     return f"{math.exp(x):.3g}" if x < 700 else "inf"
 
 
@@ -540,8 +546,10 @@ def render_html(report: dict[str, Any]) -> str:
                  f"generated {_fmt(report['generated'])}.</p>")
     parts.append("<h2>Guarantee</h2>")
     if guarantee.get("epsilon") is not None and not guarantee.get("holds", True):
-        rest = guarantee["statement"].removeprefix(NO_GUARANTEE_STATEMENT)
-        parts.append(f"<p class='private'><b>{html.escape(NO_GUARANTEE_STATEMENT)}</b><span style='font-weight:normal'>"
+        headline = next((h for h in (NO_GUARANTEE_STATEMENT, NO_FINITE_BOUND_STATEMENT)
+                         if guarantee["statement"].startswith(h)), "")
+        rest = guarantee["statement"].removeprefix(headline)
+        parts.append(f"<p class='private'><b>{html.escape(headline)}</b><span style='font-weight:normal'>"
                      f"{html.escape(rest)}</span></p>")
         parts.append(_table({k: guarantee[k] for k in ("unit_of_privacy", "neighbouring_relation", "accountant",
                                                        "accountant_version", "accountant_description")}))
@@ -620,7 +628,8 @@ def write_report(store: Store, run_ref: str | int, out: str | Path, *, include_v
                           include_audit=include_audit)
     out.parent.mkdir(parents=True, exist_ok=True)
     if suffix == ".json":
-        out.write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+        # Strict JSON: an infinite epsilon is the string "Infinity" (engine.events.to_json_safe), as in --json.
+        out.write_text(json.dumps(to_json_safe(report), indent=2, default=str, allow_nan=False), encoding="utf-8")
     elif suffix in (".html", ".htm"):
         out.write_text(render_html(report), encoding="utf-8")
     else:

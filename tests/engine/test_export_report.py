@@ -415,3 +415,32 @@ def test_headings_at_a_page_foot_are_moved_to_the_next_page():
         keep_headings_with_next(document)
         assert orphaned_headings(document) == [], lines
     assert orphaned_somewhere  # the layout without the fix does leave a heading at a page foot
+
+
+def _strict_json(text: str):
+    """json.loads that refuses the bare Infinity and NaN other parsers (JavaScript's, Go's) reject."""
+    return json.loads(text, parse_constant=lambda name: pytest.fail(f"bare {name} in the JSON"))
+
+
+def test_a_run_whose_noise_bounds_nothing_states_no_finite_guarantee_in_strict_json(tmp_path):
+    """Noise multiplier 1e-9: epsilon is inf. The report said "satisfies (inf, 1e-05)-differential privacy
+    ... about infx" in a green box with holds = true, and wrote bare Infinity into report.json and the
+    model card. The attacker figures stay: the example is never sampled with probability (1 - q)^T."""
+    from engine.publication import NO_FINITE_BOUND_STATEMENT
+
+    store = Store(tmp_path / "runs.sqlite")
+    run_id, _ = train_in_store(store, name="no-noise", dataset="digits", noise_multiplier=1e-9,
+                               expected_batch_size=64, epochs=1, learning_rate=0.5)
+    assert store.get_run(run_id)["epsilon"] == float("inf")
+    texts = _texts(store, run_id, tmp_path)
+    report = _strict_json(texts["report.json"])
+    guarantee = report["guarantee"]
+    assert guarantee["epsilon"] == "Infinity" and guarantee["holds"] is False
+    assert guarantee["statement"].startswith(NO_FINITE_BOUND_STATEMENT) and "infx" not in guarantee["statement"]
+    assert texts["report.html"].split("<h2>Guarantee</h2>", 1)[1].startswith(
+        f"<p class='private'><b>{NO_FINITE_BOUND_STATEMENT}</b>")
+    card = _strict_json(texts["model_card.json"])
+    assert card["privacy"]["holds"] is False and card["privacy"]["statement"].startswith(NO_FINITE_BOUND_STATEMENT)
+    run = store.get_run(run_id)
+    never_sampled = (1 - run["sample_rate"]) ** run["steps_done"]
+    assert report["attacker"]["max_advantage"] == pytest.approx(1 - never_sampled, rel=1e-3)
