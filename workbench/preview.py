@@ -38,6 +38,8 @@ def estimate(config: RunConfig, size: DataSize) -> str:
         eps = dpsgd_epsilon(sample_rate=q, noise_multiplier=sigma, steps=steps, delta=config.delta,
                             accountant=config.accountant).value
         text = f"ε = {eps:.3g} at δ = {config.delta:g} after training ({config.accountant}); {plan}."
+        if eps == float("inf"):
+            text += "\nThis noise bounds nothing (no finite ε): raise the noise multiplier or set a target ε."
     elif config.target_attack_tpr is not None:
         from engine.privacy.risk import calibrate_noise_multiplier_for_attack
 

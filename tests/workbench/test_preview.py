@@ -41,6 +41,13 @@ def test_reproducible_noise_states_no_bound():
     assert "No bound on any attack" in text and "detects it with TPR" not in text
 
 
+def test_a_noise_multiplier_too_small_for_any_bound_says_what_to_do():
+    """1e-9 gave "ε = inf" and nothing else (and the run's accounting failed at its end before)."""
+    text = estimate(RunConfig(name="p", dataset="digits", noise_multiplier=1e-9, epochs=1), SIZE)
+    assert text.startswith("ε = inf") and "bounds nothing" in text and "raise the noise multiplier" in text
+    assert "bounds nothing" not in estimate(RunConfig(name="p", dataset="digits", noise_multiplier=1.0), SIZE)
+
+
 def test_pate_states_the_bound_if_every_query_were_answered():
     config = RunConfig(name="p", dataset="digits", mechanism="pate", num_teachers=10, aggregator="gnmax",
                        gnmax_sigma=40.0, num_queries=20)
