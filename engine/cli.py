@@ -423,7 +423,7 @@ def echo_json(value: Any, **dumps: Any) -> None:
 
 
 def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = False) -> None:
-    from engine.publication import NO_GUARANTEE_STATEMENT, NOT_PUBLISHABLE, publishable_epsilon
+    from engine.publication import NO_FINITE_BOUND_STATEMENT, NO_GUARANTEE_STATEMENT, NOT_PUBLISHABLE, publishable_epsilon
 
     lines = [f"run {run_row['id']} ({run_row['name']}): {run_row['status']}"]
     if run_row.get("stop_reason") == "budget":
@@ -440,6 +440,8 @@ def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = Fals
         lines.append(f"  study          {eps.note}")
     if run_row.get("mechanism") in ("dpsgd", "pate") and not eps.guarantee:
         lines.append(f"  caveat         {NO_GUARANTEE_STATEMENT} (reproducible_noise = true)")
+    elif eps.value == math.inf:
+        lines.append(f"  caveat         {NO_FINITE_BOUND_STATEMENT}")
     summary = run_row.get("summary") or {}
     if run_row.get("mechanism") == "pate":
         if summary.get("epsilon_released") is not None:
@@ -502,12 +504,14 @@ LIST_FIELDS = ("id", "name", "mechanism", "dataset", "status", "epsilon", "delta
 
 
 def list_row(run: dict[str, Any]) -> dict[str, Any]:
-    """A run as `dpw list` shows it: the publishable epsilon (engine.publication) and whether it holds."""
+    """A run as `dpw list` shows it: the publishable epsilon (engine.publication) and whether it holds (not
+    for reproducible noise, nor for an infinite epsilon: it bounds nothing)."""
     from engine.publication import publishable_epsilon
 
     eps = publishable_epsilon(run)
     row = {k: run.get(k) for k in LIST_FIELDS}
-    row.update(epsilon=eps.value, delta=eps.delta, accountant=eps.accountant, guarantee=eps.guarantee)
+    row.update(epsilon=eps.value, delta=eps.delta, accountant=eps.accountant,
+               guarantee=eps.guarantee and eps.value != math.inf)
     return row
 
 
@@ -544,7 +548,7 @@ def list_runs(db: Path | None, as_json: bool, deleted: bool) -> None:
     for r in rows:
         r.pop("accountant")
         r.pop("notes")  # free text of any length: `dpw show` and --json have it
-        text = f"{r['epsilon']:.4g}" if r["epsilon"] is not None else None
+        text = None if r["epsilon"] is None else "∞" if r["epsilon"] == math.inf else f"{r['epsilon']:.4g}"
         if r.pop("guarantee") is False and r["mechanism"] != "none":
             text = f"{text} ({NO_GUARANTEE})" if text is not None else NO_GUARANTEE
         r["epsilon"] = text

@@ -156,7 +156,8 @@ def run_epsilon(run: dict[str, Any]) -> PublishableEpsilon:
 
 
 def epsilon_label(run: dict[str, Any], fmt: str = ".3g") -> str:
-    """The epsilon as a list shows it: "1.96", "1.96 (no guarantee)", "∞" (non-private), "" (none yet)."""
+    """The epsilon as a list shows it: "1.96", "1.96 (no guarantee)", "∞" (non-private), "∞ (no guarantee)"
+    (noise too small for any bound), "" (none yet)."""
     if run.get("mechanism") == "none":
         return "∞"
     eps = publishable_epsilon(run)
@@ -164,6 +165,8 @@ def epsilon_label(run: dict[str, Any], fmt: str = ".3g") -> str:
         return WITHHELD
     if eps.value is None:
         return "" if eps.guarantee else NO_GUARANTEE
+    if eps.value == math.inf:
+        return f"∞ ({NO_GUARANTEE})"
     text = format(eps.value, fmt)
     return text if eps.guarantee else f"{text} ({NO_GUARANTEE})"
 

@@ -11,7 +11,13 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelInd
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication
 
-from engine.publication import NO_GUARANTEE_STATEMENT, carries_guarantee, epsilon_label, publishable_epsilon
+from engine.publication import (
+    NO_FINITE_BOUND_STATEMENT,
+    NO_GUARANTEE_STATEMENT,
+    carries_guarantee,
+    epsilon_label,
+    publishable_epsilon,
+)
 from workbench.study_rows import study_label, study_sort_key
 
 COLUMNS = (  # what a run gave (status, ε, accuracy) first: in view at the list's default width
@@ -144,6 +150,8 @@ def epsilon_tooltip(row: dict[str, Any]) -> str:
     study = f"{eps.note[0].upper()}{eps.note[1:]}." if eps.note else ""
     if eps.value is None:
         return study or "No privacy accounted yet."
+    if eps.value == float("inf"):
+        return f"{NO_FINITE_BOUND_STATEMENT} at δ = {eps.delta:g} ({eps.accountant} accountant)."
     if study:  # a study's run states the study's epsilon (engine.publication)
         return f"ε at δ = {eps.delta:g} ({eps.accountant}).\n{study}"
     if row.get("mechanism") == "pate":

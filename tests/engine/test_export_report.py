@@ -441,6 +441,15 @@ def test_a_run_whose_noise_bounds_nothing_states_no_finite_guarantee_in_strict_j
         f"<p class='private'><b>{NO_FINITE_BOUND_STATEMENT}</b>")
     card = _strict_json(texts["model_card.json"])
     assert card["privacy"]["holds"] is False and card["privacy"]["statement"].startswith(NO_FINITE_BOUND_STATEMENT)
+    from click.testing import CliRunner
+
+    from engine.cli import cli
+
+    shown = CliRunner().invoke(cli, ["show", str(run_id), "--db", str(store.path)]).output
+    assert f"caveat         {NO_FINITE_BOUND_STATEMENT}" in shown
+    listed = _strict_json(CliRunner().invoke(cli, ["list", "--json", "--db", str(store.path)]).output)
+    assert listed[0]["epsilon"] == "Infinity" and listed[0]["guarantee"] is False
+    assert "∞ (no guarantee)" in CliRunner().invoke(cli, ["list", "--db", str(store.path)]).output
     run = store.get_run(run_id)
     never_sampled = (1 - run["sample_rate"]) ** run["steps_done"]
     assert report["attacker"]["max_advantage"] == pytest.approx(1 - never_sampled, rel=1e-3)

@@ -38,6 +38,21 @@ def test_runs_list_shows_the_publishable_epsilon_and_no_guarantee(qtbot):
     assert "pate-released" in tips[3] and "smaller of" in tips[3]
 
 
+def test_an_infinite_epsilon_is_shown_as_no_guarantee_in_the_list_and_the_run_details(qtbot):
+    """Noise multiplier 1e-9 gives epsilon inf: the list showed "inf" and the details "inf" as if it were
+    a guarantee like any other."""
+    from engine.publication import NO_FINITE_BOUND_STATEMENT
+    from workbench.runs_panel import result_values
+
+    row = dict(rows()[0], id=5, epsilon=float("inf"))
+    model = RunsModel()
+    model.set_rows([row])
+    assert model.data(model.index(0, EPS_COLUMN)) == "∞ (no guarantee)"
+    assert model.data(model.index(0, EPS_COLUMN), Qt.ItemDataRole.ToolTipRole).startswith(NO_FINITE_BOUND_STATEMENT)
+    assert dict(result_values(row))["ε (publishable)"] == "∞ (no finite guarantee: the noise bounds nothing)"
+    assert dict(result_values(rows()[0]))["ε (publishable)"] == "3"
+
+
 def test_compare_places_pate_at_its_publishable_epsilon_and_labels_seeded_runs(qtbot):
     pate = RunData(run_id=3, mechanism="pate")
     pate.apply({"type": "metric", "step": 10, "name": "test_accuracy", "value": 0.8})
