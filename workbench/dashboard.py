@@ -381,7 +381,8 @@ class Dashboard(QWidget):
                 spent = series.last()
                 delta = data.plan.get("delta", data.config.get("delta"))
                 at_delta = f", δ {float(delta):g}" if isinstance(delta, (int, float)) else ""
-                parts.append(f"{alone}ε {spent:.3g} ({name}{at_delta}, step {int(series.x[-1]):,})")
+                value = "∞: NO FINITE GUARANTEE" if spent == float("inf") else f"{spent:.3g}"
+                parts.append(f"{alone}ε {value} ({name}{at_delta}, step {int(series.x[-1]):,})")
                 live = data.privacy.get("rdp")
                 if name != "rdp" and live is not None and len(live) and live.x[-1] > series.x[-1]:
                     parts.append(f"live bound {live.last():.3g} (rdp, step {int(live.x[-1]):,})")

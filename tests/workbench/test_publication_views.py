@@ -107,6 +107,11 @@ def test_dashboard_header_leads_with_the_publishable_epsilon(qtbot):
     dashboard._budget_text(seeded)
     assert dashboard.budget_label.text().startswith("NO GUARANTEE (reproducible noise)  ·  ε 3 (pld")
 
+    unbounded = RunData(run_id=5, mechanism="dpsgd", config={"reproducible_noise": False, "accountant": "pld"})
+    unbounded.apply({"type": "privacy", "step": 23, "epsilon": float("inf"), "accountant": "pld"})
+    dashboard._budget_text(unbounded)
+    assert dashboard.budget_label.text().startswith("ε ∞: NO FINITE GUARANTEE (pld")
+
 
 def test_dashboard_header_of_a_study_candidate_states_what_the_study_lets_it_state(qtbot):
     """A run of a study: the released candidate leads with the study's epsilon (which covers the
