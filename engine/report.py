@@ -96,7 +96,7 @@ def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
     statement = (
         f"{subject} satisfies ({value:.4g}, {delta:.3g})-differential privacy with respect to {UNIT_OF_PRIVACY}: "
         f"for any two training sets that differ by adding or removing one example, the probability of any "
-        f"outcome of training changes by at most a factor of e^{value:.4g} (about {_exp(value)}x), except with "
+        f"outcome of training changes by at most a factor of e^{value:.4g}{_about_exp(value)}, except with "
         f"probability {delta:.3g}. Mechanism: {name}; epsilon computed by the '{accountant}' accountant."
     )
     if mechanism == "pate":
@@ -168,8 +168,9 @@ def pate_statement(run: dict[str, Any]) -> str:
     return text
 
 
-def _exp(x: float) -> str:
-    return f"{math.exp(x):.3g}" if x < 700 else "inf"
+def _about_exp(x: float) -> str:
+    """" (about 20.1x)" for e^x; nothing where e^x is beyond a float (the statement's e^x says it)."""
+    return f" (about {math.exp(x):.3g}x)" if x < 700 else ""
 
 
 def _plan(store: Store, run_id: int) -> dict[str, Any]:
