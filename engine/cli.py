@@ -1043,7 +1043,9 @@ def privacy_dpsgd(sample_rate: float, noise_multiplier: float, steps: int, delta
     if as_json:
         echo_json({"epsilon": eps.value, "delta": eps.delta, "accountant": eps.accountant})
     else:
-        click.echo(f"epsilon = {eps.value:.6g} at delta = {eps.delta:g} ({eps.accountant})")
+        click.echo(f"epsilon = {eps.value:.6g} at delta = {eps.delta:g} ({eps.accountant})"
+                   + (": this noise bounds nothing; dpw privacy risk shows what an attacker can still not do"
+                      if eps.value == math.inf else ""))
 
 
 @privacy.command("risk")

@@ -81,6 +81,14 @@ def test_privacy_rdp_accountant_is_selectable():
     assert json.loads(result.output)["accountant"] == "rdp"
 
 
+def test_privacy_dpsgd_of_noise_too_small_for_any_bound_answers_inf_and_says_so():
+    """Noise multiplier 1e-9 printed an OverflowError traceback (engine.privacy.pld)."""
+    args = ["privacy", "dpsgd", "--sample-rate", "0.01", "--noise-multiplier", "1e-9", "--steps", "10", "--delta", "1e-5"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0 and result.output.startswith("epsilon = inf at delta = 1e-05 (pld): this noise bounds")
+    assert json.loads(CliRunner().invoke(cli, args + ["--json"]).output)["epsilon"] == "Infinity"
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
