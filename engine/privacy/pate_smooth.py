@@ -366,8 +366,15 @@ def release_epsilon(
     conditions = check_conditions(sigma=gn_sigma, num_classes=v.shape[1], order=alpha)
     b, s_ss, ss = _choose_beta_sigma(total_ls, alpha, rdp_dd, beta, sigma_ss)
     release_rdp = 0.0 if ss == 0.0 else float(gnss_rdp(beta=b, sigma=s_ss, order=alpha))
-    rdp_released = rdp_dd + (0.0 if ss == 0.0 else ss * s_ss * z)
-    eps = rdp_to_epsilon(orders=[alpha], rdp=[max(rdp_released, 0.0) + release_rdp], delta=d).value
+    spread = 0.0 if ss == 0.0 else ss * s_ss
+    if math.isfinite(spread):
+        rdp_released = rdp_dd + spread * z
+        eps = rdp_to_epsilon(orders=[alpha], rdp=[max(rdp_released, 0.0) + release_rdp], delta=d).value
+    else:
+        # Infinite noise (sigma_ss = inf, fixed where the reference outcome has SS = 0) on a cost that does
+        # vary: the released number says nothing about the cost, so it bounds nothing. Taking it as
+        # -inf would state the release's own cost alone, below the run's data-dependent epsilon.
+        rdp_released, eps = math.inf, math.inf
     eps_exact = rdp_to_epsilon(orders=[alpha], rdp=[rdp_dd], delta=d).value
     return ReleasedEpsilon(
         epsilon_released=float(eps),

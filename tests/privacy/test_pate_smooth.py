@@ -218,3 +218,20 @@ def test_release_orders_are_chosen_where_conditions_c5_c6_hold():
     forced = pate_smooth.release_epsilon(votes=votes, delta=delta, noise=0.0, order=float(unconstrained[0]),
                                          beta=0.01, sigma_ss=10.0, **settings)
     assert not forced.conditions_hold  # a caller's own order is kept, and flagged
+
+
+@pytest.mark.parametrize("noise", [-1.0, 0.0, 1.0])
+def test_infinite_release_noise_on_a_varying_cost_bounds_nothing(noise):
+    """GNMax sigma 0.001: the unanimous reference has smooth sensitivity 0, so the fixed sigma_ss is inf.
+    On real votes the cost varies (SS > 0): a negative draw released -inf and the epsilon stated was the
+    release's own cost alone, 1221, below the run's data-dependent epsilon (about 2e6 at that order); a
+    zero draw raised (inf * 0). An infinitely noisy number says nothing, so the release is inf and the
+    publishable epsilon falls back to the data-independent bound."""
+    params = pate_smooth.data_independent_parameters(mechanism="gnmax", num_teachers=10, num_queries=3,
+                                                     num_classes=3, delta=1e-5, sigma=1e-3)
+    assert params.sigma_ss == math.inf
+    votes = np.array([[6, 4, 0], [10, 0, 0], [5, 5, 0]])
+    released = pate_smooth.release_epsilon(votes=votes, mechanism="gnmax", delta=1e-5, noise=noise, sigma=1e-3,
+                                           order=params.order, beta=params.beta, sigma_ss=params.sigma_ss)
+    assert released.smooth_sensitivity > 0 and released.epsilon_released == math.inf
+    assert released.epsilon_data_dependent_at_order > 1e6
