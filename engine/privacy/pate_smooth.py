@@ -273,6 +273,8 @@ def check_conditions(*, sigma: float, num_classes: int, order: float, points: in
 
     grid5 = np.linspace(log_q0 - 69.0, log_q0, points, endpoint=False)
     c5 = non_decreasing(_cost(grid5, s, alpha, log_q0))
+    if log_q1 == -math.inf:  # BL(q0) underflows to 0 (sigma 0.001 and below): C6's interval (0, BL(q0))
+        return c5, c5        # holds no float, so there is nothing to check (a NaN grid before)
     grid6 = np.linspace(log_q1 - 69.0, log_q1, points, endpoint=False)
     _, log_bu = gnmax_log_q_bounds(log_q=grid6, sigma=s, num_classes=num_classes)
     c6 = c5 and non_decreasing(_cost(log_bu, s, alpha, log_q0) - _cost(grid6, s, alpha, log_q0))
