@@ -90,7 +90,7 @@ def audit_run(store, run_ref: str | int, *, examples: int = DEFAULT_EXAMPLES, se
         theory_tpr=None if risk is None else risk.tradeoff_tpr,
     )
     eps = publishable_epsilon(run)
-    return RunAudit(int(run["id"]), eps.value, eps.delta, eps.guarantee, mia, members_from, nonmembers_from, seed,
+    return RunAudit(int(run["id"]), eps.value, eps.delta, eps.holds, mia, members_from, nonmembers_from, seed,
                     canary_result(run))
 
 

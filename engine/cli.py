@@ -510,8 +510,7 @@ def list_row(run: dict[str, Any]) -> dict[str, Any]:
 
     eps = publishable_epsilon(run)
     row = {k: run.get(k) for k in LIST_FIELDS}
-    row.update(epsilon=eps.value, delta=eps.delta, accountant=eps.accountant,
-               guarantee=eps.guarantee and eps.value != math.inf)
+    row.update(epsilon=eps.value, delta=eps.delta, accountant=eps.accountant, guarantee=eps.holds)
     return row
 
 
@@ -781,7 +780,7 @@ def run_details(store, run_ref: str, *, include_teacher_stats: bool = False) -> 
     run_row = dict(store.find_run(run_ref))
     run_id = run_row["id"]
     eps = publishable_epsilon(run_row)
-    run_row.update(epsilon=eps.value, delta=eps.delta, accountant=eps.accountant, guarantee=eps.guarantee,
+    run_row.update(epsilon=eps.value, delta=eps.delta, accountant=eps.accountant, guarantee=eps.holds,
                    randomness=randomness(run_row), study_note=eps.note)
     if run_row.get("summary"):
         summary = {k: v for k, v in run_row["summary"].items() if include_teacher_stats or k not in TEACHER_STATS}

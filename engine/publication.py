@@ -52,6 +52,12 @@ class PublishableEpsilon:
     note: str | None = None  # what the value covers beyond this run (its study), in words
     withheld: bool = False  # a candidate of a private study: never exported nor reported
 
+    @property
+    def holds(self) -> bool:
+        """Whether the run may state a guarantee: secret noise and an epsilon that bounds something (an
+        infinite one bounds nothing). What `dpw list`/`show`/`audit --json` and reports call holding."""
+        return self.guarantee and self.value != math.inf
+
 
 def exploratory_note(num_runs: int | None) -> str:
     """EXPLORATORY_NOTE for a choice among `num_runs` runs ("1 run", "3 runs"; "several runs" if unknown):

@@ -106,8 +106,7 @@ def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
         statement += " " + processes
     if eps.note:
         statement += f" Tuning study: {eps.note}."
-    bounded = math.isfinite(value)
-    if not bounded:
+    if not math.isfinite(value):
         statement = (f"{NO_FINITE_BOUND_STATEMENT} at delta {delta:.3g} ('{accountant}' accountant): epsilon is "
                      f"infinite, which bounds nothing. Mechanism: {name}. The attacker figures below, read from the "
                      f"whole privacy profile, can still be finite.")
@@ -121,7 +120,7 @@ def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
         "mechanism": mechanism,
         "epsilon": value,
         "delta": delta,
-        "holds": eps.guarantee and bounded,
+        "holds": eps.holds,
         "accountant": accountant,
         "accountant_version": f"engine.privacy ({accountant}) of dp-workbench {_engine_version()}",
         "accountant_description": ACCOUNTANT_DESCRIPTIONS.get(accountant, accountant),

@@ -453,6 +453,8 @@ def test_a_run_whose_noise_bounds_nothing_states_no_finite_guarantee_in_strict_j
     assert f"caveat         {NO_FINITE_BOUND_STATEMENT}" in shown
     listed = _strict_json(CliRunner().invoke(cli, ["list", "--json", "--db", str(store.path)]).output)
     assert listed[0]["epsilon"] == "Infinity" and listed[0]["guarantee"] is False
+    detail = _strict_json(CliRunner().invoke(cli, ["show", str(run_id), "--json", "--db", str(store.path)]).output)
+    assert detail["run"]["guarantee"] is False
     assert "∞ (no guarantee)" in CliRunner().invoke(cli, ["list", "--db", str(store.path)]).output
     run = store.get_run(run_id)
     never_sampled = (1 - run["sample_rate"]) ** run["steps_done"]
