@@ -88,7 +88,7 @@ def open_store(db: Path | None, *, create: bool = False):
     """The store at --db (or the default); only the commands that store runs (`create`) make a new one:
     a command that reads, given a path where no store is, says so instead of creating an empty one
     (and the folders above it) at a mistyped path."""
-    from engine.store import Store, check_store_path, default_db_path
+    from engine.store import Store, check_store_path, default_db_path, empty_file_problem
 
     path = db or default_db_path()
     context = click.get_current_context(silent=True)
@@ -96,6 +96,8 @@ def open_store(db: Path | None, *, create: bool = False):
         context.meta[STORE_PATH] = path
     if not create:
         check_store_path(path)  # a folder, a path under a file: said as such first
+        if problem := empty_file_problem(path.absolute()):
+            raise problem
     if not create and not path.exists():
         raise UserError(f"no store at {path.absolute()}: no run was stored there — check the --db path (or "
                         f"$DPW_DB); dpw run creates the store with its first run")

@@ -190,6 +190,19 @@ def check_store_path(path: Path) -> bool:
     return True
 
 
+def empty_file_problem(path: Path) -> StoreError | None:
+    """An existing file of 0 bytes is not a store: a command that reads, or a window that opens it,
+    says so (SQLite would quietly make a new store of it; only `dpw run` may create one)."""
+    try:
+        empty = path.is_file() and path.stat().st_size == 0
+    except OSError:
+        return None  # the store says what is wrong with a path it cannot read
+    if not empty:
+        return None
+    return StoreError(f"{path} is an empty file (0 bytes), not a DP Workbench store",
+                      hint="check the path; a new store is created only where no file is yet")
+
+
 def _may_write(path: Path) -> bool:
     """Whether this process may write the store and create its -wal/-shm files beside it (False on
     a read-only file, folder or file system)."""

@@ -13,21 +13,10 @@ from pathlib import Path
 from typing import Callable
 
 from engine.errors import DPWError
+from engine.store import empty_file_problem
 
 STORE_FILTER = "DP Workbench stores (*.sqlite *.db);;All files (*)"
 OPEN_ANOTHER, CREATE_NEW, QUIT = "open", "create", "quit"
-
-
-def empty_file_problem(path: Path) -> DPWError | None:
-    """An existing file of 0 bytes is not a store (a new store is made only where no file is)."""
-    try:
-        empty = path.is_file() and path.stat().st_size == 0
-    except OSError:
-        return None  # the store says what is wrong with a path it cannot read
-    if not empty:
-        return None
-    return DPWError(f"{path} is an empty file (0 bytes), not a DP Workbench store",
-                    hint="a new store is created only where no file is yet")
 
 
 def as_store_problem(path: Path, exc: BaseException) -> DPWError:

@@ -324,6 +324,19 @@ def test_a_command_that_reads_never_creates_a_store_at_a_mistyped_path(tmp_path)
     assert not (tmp_path / "typo").exists()
 
 
+def test_a_command_that_reads_refuses_an_empty_file_and_leaves_it_empty(tmp_path):
+    """A 0-byte file (e.g. made by `touch`) is not a store: SQLite would quietly write a new store into
+    it; the window refused it, the CLI's read commands now do too."""
+    empty = tmp_path / "runs.sqlite"
+    empty.touch()
+    for args in (["list"], ["ledger"], ["show", "1"], ["report", "1", "--out", str(tmp_path / "r")]):
+        result = CliRunner().invoke(cli, [*args, "--db", str(empty)])
+        assert result.exit_code == 1, (args, result.output)
+        assert f"{empty} is an empty file (0 bytes), not a DP Workbench store" in result.output, result.output
+        assert "Traceback" not in result.output
+    assert empty.stat().st_size == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["runs.sqlite"]
+
+
 def test_ctrl_c_before_training_starts_is_one_line_and_exit_status_130(tmp_path):
     """Ctrl-C while the config is checked against its data (before any runner): click printed a blank
     line and 'Aborted!'; now one line, and the shell's status for an interrupt."""
