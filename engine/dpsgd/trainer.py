@@ -53,6 +53,22 @@ class PrivacyPlan:
     def private(self) -> bool:
         return self.noise_multiplier is not None
 
+    def bounds_nothing(self) -> bool:
+        """Whether the noise set by hand is so small that the run will state epsilon = inf (said
+        before training rather than at its end). The RDP bound (milliseconds) settles the usual case;
+        only a huge one asks the run's own accountant (the PLD takes up to seconds)."""
+        if not self.private or self.calibrated:
+            return False
+        kwargs = dict(sample_rate=self.sample_rate, noise_multiplier=self.noise_multiplier, steps=self.steps_allowed,
+                      delta=self.delta, statistics_noise_multiplier=self.statistics_noise_multiplier)
+        if privacy.dpsgd_epsilon(**kwargs, accountant="rdp").value <= _CLEARLY_FINITE_EPSILON:
+            return False
+        return math.isinf(privacy.dpsgd_epsilon(**kwargs, accountant=self.accountant).value)
+
+
+#: Below this RDP epsilon every accountant's bound is finite (the PLD grid reaches losses of 600).
+_CLEARLY_FINITE_EPSILON = 100.0
+
 
 @dataclass
 class TrainResult:

@@ -342,3 +342,23 @@ def test_a_stop_during_the_audit_after_training_ends_it_at_once_and_keeps_the_ru
     assert run["status"] == "finished" and run["epsilon"] is not None
     kept = run["summary"].get("membership_audit")
     assert kept is None or kept["mia"]["members"] > 0  # abandoned, or (if it beat the signal) whole
+
+
+@pytest.mark.parametrize("sigma, accountant, warned", [(1e-9, "pld", True), (1e-9, "rdp", False), (0.3, "pld", False)])
+def test_noise_that_bounds_nothing_is_said_before_training(sigma, accountant, warned):
+    """A hand-set noise so small that the run will state epsilon = inf is a warning at the start, not
+    only the caveat at the end (the RDP bound stays finite, about 1e19, so an rdp run is not warned)."""
+    from engine.runs import prepare
+
+    events = []
+    config = RunConfig(name="w", dataset="digits", noise_multiplier=sigma, accountant=accountant,
+                       expected_batch_size=64, epochs=1)
+    plan = prepare(config, emit=lambda kind, **fields: events.append(dict(fields, type=kind))).plan
+    stated = privacy.dpsgd_epsilon(sample_rate=plan.sample_rate, noise_multiplier=sigma, steps=plan.steps_planned,
+                                   delta=config.delta, accountant=accountant).value
+    assert (stated == float("inf")) == warned  # the warning foretells exactly what the run will state
+    warnings = [e["message"] for e in events if e["type"] == "warning"]
+    assert any("bounds nothing" in w for w in warnings) == warned, warnings
+    if warned:  # said after the plan line, as the budget's warning is
+        kinds = [e["type"] for e in events]
+        assert kinds.index("plan") < kinds.index("warning")
