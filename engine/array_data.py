@@ -37,6 +37,7 @@ IMAGE_MEAN = 0.5  # as engine.datasets: fixed constants, independent of the data
 IMAGE_STD = 0.5
 READ_GROUP_ROWS = 32  # rows copied out of a mapping between two hand-backs of its pages
 _HASH_READ = 1 << 23
+CHECK_READ_BYTES = 1 << 26  # what the load-time check of float pixels reads at a time
 
 MAP_NPZ_ABOVE_BYTES = 1 << 30
 """An .npz archive whose uncompressed image array x is larger than this is memory-mapped, not loaded."""
@@ -49,6 +50,9 @@ class RowSource(Protocol):
     name: str
 
     def read(self, rows: np.ndarray) -> np.ndarray: ...
+
+    def check_every_row(self) -> None:
+        """DataError, before any step, for a row that `read` would refuse."""
 
 
 class NpyRows:
@@ -74,13 +78,36 @@ class NpyRows:
             part = order[start : start + READ_GROUP_ROWS]
             out[part] = self.array[rows[part]].reshape(len(part), *self.shape[1:])
             drop_pages(self.array)
-        if out.dtype.kind == "f":
-            bad = ~np.isfinite(out) | (out < 0.0) | (out > 1.0)
-            if bad.any():
-                row = int(rows[np.argwhere(bad)[0][0]])
-                raise DataError(f"{self.name}: row {row} has pixels outside [0, 1] (or NaN); float pixels must be "
-                                f"in [0, 1] (divide 8-bit pixels by 255)")
+        first_bad = _first_row_outside_unit_range(out)
+        if first_bad is not None:
+            raise self._outside_unit_range(int(rows[first_bad]))
         return out
+
+    def check_every_row(self) -> None:
+        """Refuse the array before training if any row holds a float pixel a step would refuse
+        (outside [0, 1], NaN): said at load, no privacy is spent on a run that cannot finish. One
+        streaming pass, CHECK_READ_BYTES at a time; 8-bit pixels need none."""
+        if self.array.dtype.kind != "f":
+            return
+        row_bytes = max(1, self.array.itemsize * int(np.prod(self.shape[1:])))
+        step = max(1, CHECK_READ_BYTES // row_bytes)
+        for start in range(0, self.shape[0], step):
+            first_bad = _first_row_outside_unit_range(np.asarray(self.array[start : start + step]))
+            drop_pages(self.array)
+            if first_bad is not None:
+                raise self._outside_unit_range(start + first_bad)
+
+    def _outside_unit_range(self, row: int) -> DataError:
+        return DataError(f"{self.name}: row {row} has pixels outside [0, 1] (or NaN); float pixels must be "
+                         f"in [0, 1] (divide 8-bit pixels by 255)")
+
+
+def _first_row_outside_unit_range(block: np.ndarray) -> int | None:
+    """Index of the first row of `block` with a float pixel outside [0, 1] or NaN; None if none."""
+    if block.dtype.kind != "f" or len(block) == 0:
+        return None
+    bad = (~np.isfinite(block) | (block < 0.0) | (block > 1.0)).reshape(len(block), -1).any(axis=1)
+    return int(np.argmax(bad)) if bad.any() else None
 
 
 def drop_pages(array: np.ndarray) -> None:
@@ -309,6 +336,9 @@ def image_dataset(*, name: str, source: RowSource, y: np.ndarray, train_rows: np
 
     from engine.datasets import IMAGE, Dataset
 
+    source.check_every_row()
+    if test.source is not source:
+        test.source.check_every_row()
     channels = source.shape[1]
     return Dataset(
         name=name,

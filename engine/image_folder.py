@@ -7,9 +7,9 @@
 Class names are the sub-folder names in sorted order; every image file (png, jpg, jpeg, bmp, gif,
 tif, tiff, webp) is one example. Only the file list and the labels are held in memory: a training
 step decodes exactly the images its Poisson sample drew (`ImageFileRows`), so the folder may be
-far larger than memory. All images must have one size; the colour mode is the first image's
-(grayscale "L" or "RGB"), and every image is converted to it. The train/test split is a seeded,
-stratified split of the files (engine.datasets.stratified_split).
+far larger than memory. All images must have one size (every file's header is checked at load);
+the colour mode is the first image's (grayscale "L" or "RGB"), and every image is converted to it.
+The train/test split is a seeded, stratified split of the files (engine.datasets.stratified_split).
 """
 
 from __future__ import annotations
@@ -45,27 +45,39 @@ class ImageFileRows:
         channels = 1 if self.mode == "L" else 3
         self.shape = (len(files), channels, first.size[1], first.size[0])
 
-    def _open(self, path: Path):
+    def _open(self, path: Path, *, decode: bool = True):
         from PIL import Image, UnidentifiedImageError
 
         try:
             image = Image.open(path)
-            image.load()
+            if decode:
+                image.load()
         except (OSError, UnidentifiedImageError) as e:
             raise DataError(f"{path}: cannot be read as an image ({e}); remove or replace the file") from None
         return image
+
+    def _check_size(self, path: Path, image) -> None:
+        if image.size != self.size:
+            raise DataError(f"{path}: is {image.size[0]}x{image.size[1]} pixels but the folder's images are "
+                            f"{self.size[0]}x{self.size[1]}; resize every image to one size")
 
     def read(self, rows: np.ndarray) -> np.ndarray:
         out = np.empty((len(rows), *self.shape[1:]), dtype=np.uint8)
         for i, row in enumerate(rows):
             path = self.files[int(row)]
             image = self._open(path)
-            if image.size != self.size:
-                raise DataError(f"{path}: is {image.size[0]}x{image.size[1]} pixels but the folder's images are "
-                                f"{self.size[0]}x{self.size[1]}; resize every image to one size")
+            self._check_size(path, image)
             pixels = np.asarray(image.convert(self.mode), dtype=np.uint8)
             out[i] = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
         return out
+
+    def check_every_row(self) -> None:
+        """Refuse the folder before training if a file is not an image or has another size: said at
+        load, no privacy is spent on a run that a step would stop. Only each file's header is read
+        (its pixels are decoded when a step draws it; a file damaged past its header fails then)."""
+        for path in self.files:
+            with self._open(path, decode=False) as image:
+                self._check_size(path, image)
 
 
 def load_image_folder(folder: Path, *, test_fraction: float, seed: int):

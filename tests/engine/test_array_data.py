@@ -159,18 +159,19 @@ def test_colour_images_keep_three_channels(tmp_path):
     assert float(data.x_train[0:9].abs().max()) <= 1.0
 
 
-def test_user_errors_are_one_line_naming_the_file(tmp_path):
+def test_user_errors_are_one_line_naming_the_file(tmp_path, monkeypatch):
     x, y = _images(40, classes=2)
     paths = _image_folder(tmp_path / "pictures", x, y)
     from PIL import Image
 
+    # Said when the data is loaded, before any step could spend privacy (it was said by the step that
+    # drew the file, failing the run part-way).
     Image.fromarray(np.zeros((12, 12), np.uint8)).save(paths[7])
-    data = load_dataset(tmp_path / "pictures", test_fraction=0.5)
     with pytest.raises(DataError, match=rf"{paths[7].name}: is 12x12 pixels but the folder's images are 10x10"):
-        data.x_train[torch.arange(data.num_train)], data.x_test[0 : data.num_test]
+        load_dataset(tmp_path / "pictures", test_fraction=0.5)
     paths[3].write_bytes(b"not an image")
     with pytest.raises(DataError, match=rf"{paths[3].name}: cannot be read as an image"):
-        data.x_train[torch.arange(data.num_train)], data.x_test[0 : data.num_test]
+        load_dataset(tmp_path / "pictures", test_fraction=0.5)
 
     np.save(tmp_path / "x.npy", x)
     with pytest.raises(DataError, match="a .npy file holds one array; put the inputs in x.npy and the labels in y.npy"):
@@ -180,10 +181,13 @@ def test_user_errors_are_one_line_naming_the_file(tmp_path):
     np.save(lonely / "x.npy", x)
     with pytest.raises(DataError, match="has x.npy but no y.npy"):
         load_dataset(lonely)
-    floats = _array_folder(tmp_path / "floats", np.full((40, 1, 4, 4), 2.0, np.float32), y)
-    data = load_dataset(floats)
-    with pytest.raises(DataError, match=r"row \d+ has pixels outside \[0, 1\]"):
-        data.x_train[0:3]
+    pixels = np.full((40, 1, 4, 4), 0.5, np.float32)
+    pixels[29, 0, 3, 2] = np.nan
+    floats = _array_folder(tmp_path / "floats", pixels, y)
+    for read_bytes in (1 << 26, 3 * 64):  # one read, and 3 rows of 64 bytes per read: row 29 in read 10
+        monkeypatch.setattr(array_data, "CHECK_READ_BYTES", read_bytes)
+        with pytest.raises(DataError, match=r"floats: x: row 29 has pixels outside \[0, 1\] \(or NaN\)"):
+            load_dataset(floats)
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(DataError, match="neither x.npy nor class sub-folders of images"):
@@ -198,3 +202,25 @@ def test_whole_number_labels_are_encoded_as_the_in_memory_loader_does():
         fast, names = encode_labels(y, what="y")
         reference, reference_names = _encode_labels(y, what="y")
         assert np.array_equal(fast, reference) and fast.dtype == np.int64 and names == reference_names
+
+
+def test_dpw_run_refuses_a_folder_with_a_bad_image_and_stores_no_run(tmp_path):
+    """One file of another size among 40: `dpw run` says which before storing a run, so no privacy is
+    spent (it failed the run at the step that drew the file, with the epsilon of the steps before)."""
+    from click.testing import CliRunner
+    from PIL import Image
+
+    from engine.cli import cli
+    from engine.store import Store
+
+    x, y = _images(40, classes=2)
+    paths = _image_folder(tmp_path / "pictures", x, y)
+    Image.fromarray(np.zeros((10, 11), np.uint8)).save(paths[21])
+    config = tmp_path / "run.toml"
+    config.write_text(f'dataset = "{tmp_path / "pictures"}"\nmechanism = "dpsgd"\nmodel = "mlp"\n'
+                      'noise_multiplier = 1.0\nexpected_batch_size = 8\nepochs = 1\ndelta = 1e-4\n')
+    result = CliRunner().invoke(cli, ["run", str(config), "--db", str(tmp_path / "runs.sqlite")])
+    assert result.exit_code == 1, result.output
+    assert f"{paths[21]}: is 11x10 pixels but the folder's images are 10x10" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "runs.sqlite").exists() or Store(tmp_path / "runs.sqlite").list_runs() == []
