@@ -220,6 +220,10 @@ def prepare(config: RunConfig, *, emit: Emit = _noop, data_parallel: Any = None)
                           "with fixed constants", hint="use 'bounds' (the default) for image datasets")
     if config.train_subset is not None and config.train_subset < data.num_train:
         data = train_subset(data, config.train_subset, seed=config.seed)
+    if config.audit_canaries and config.audit_canary_kind == "input":
+        from engine.dpsgd.canaries import check_input_canaries_fit
+
+        check_input_canaries_fit(data.x_train)  # said before the run is stored, not when training starts
     if config.mechanism == "pate":
         from engine.pate.run import prepare_pate
 

@@ -105,6 +105,15 @@ def _content_generator(randomness: PrivateRandomness) -> torch.Generator:
     return generator
 
 
+def check_input_canaries_fit(x_train: Any) -> None:
+    """Input canaries are appended to training inputs held in memory; inputs read on demand
+    (engine.array_data) have nowhere to take them. Checked before the run is stored."""
+    if not isinstance(x_train, torch.Tensor):
+        raise ConfigError("audit_canary_kind", "input canaries join training inputs held in memory; this "
+                          "dataset's inputs are read from disk as training goes",
+                          hint="use audit_canary_kind = 'gradient' (DP-SGD), or a dataset that fits in memory")
+
+
 class InputCanaries(_Secret):
     """Mislabelled out-of-distribution inputs (see the module docstring)."""
 
@@ -129,10 +138,7 @@ class InputCanaries(_Secret):
 
     def join(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The training data with the included canaries appended (their number stays in this run)."""
-        if not isinstance(x, torch.Tensor):
-            raise ConfigError("audit_canary_kind", "input canaries join training inputs held in memory; this "
-                              "dataset's inputs are read from disk as training goes",
-                              hint="use audit_canary_kind = 'gradient' (DP-SGD), or a dataset that fits in memory")
+        check_input_canaries_fit(x)
         return (torch.cat([x, self._x_in.to(x.device, x.dtype)]),
                 torch.cat([y, self._y_in.to(y.device, y.dtype)]))
 

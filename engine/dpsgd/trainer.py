@@ -280,9 +280,6 @@ def train(
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(config, params)
     private = PrivateRandomness.for_run(config) if plan.private or config.audit_canaries else None
-    if config.audit_canaries and data_parallel is not None:
-        raise ConfigError("audit_canaries", "a canary audit runs in one process, not in a data-parallel run",
-                          hint="train the audited run without --nproc")
     canaries = _draw_canaries(config, plan, private, x_train=x_train, num_classes=data.num_classes,
                               params=params, device=device, emit=emit)
     if isinstance(canaries, InputCanaries):

@@ -4,6 +4,7 @@ reference the on-demand ones must agree with, value for value."""
 
 from __future__ import annotations
 
+import dataclasses
 import zipfile
 from pathlib import Path
 
@@ -224,3 +225,29 @@ def test_dpw_run_refuses_a_folder_with_a_bad_image_and_stores_no_run(tmp_path):
     assert f"{paths[21]}: is 11x10 pixels but the folder's images are 10x10" in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "runs.sqlite").exists() or Store(tmp_path / "runs.sqlite").list_runs() == []
+
+
+def test_input_canaries_on_data_read_from_disk_are_refused_before_the_run_is_stored(tmp_path):
+    """prepare() (what `dpw run` and the window check before storing a run) refuses them; the refusal
+    came from the first training step's set-up, leaving a failed run in the store."""
+    from engine.errors import ConfigError
+
+    x, y = _images(60, classes=2)
+    folder = _array_folder(tmp_path / "arrays", x, y)
+    config = RunConfig(dataset=str(folder), mechanism="dpsgd", model="mlp", epochs=1, expected_batch_size=10,
+                       noise_multiplier=1.0, delta=1e-4, audit_canaries=10, audit_canary_kind="input")
+    with pytest.raises(ConfigError, match="input canaries join training inputs held in memory") as raised:
+        prepare(config)
+    assert raised.value.field == "audit_canary_kind"
+    prepare(dataclasses.replace(config, audit_canary_kind="gradient"))  # what the hint says works
+
+
+def test_a_canary_audit_in_a_data_parallel_run_is_refused_before_training():
+    from engine.errors import ConfigError
+
+    config = RunConfig(dataset="digits", mechanism="dpsgd", model="mlp", epochs=1, noise_multiplier=1.0,
+                       audit_canaries=10)
+    # (engine.distributed_launch.check_distributable, before any data is loaded; the trainer's own
+    # check of it was a second copy, now gone)
+    with pytest.raises(ConfigError, match="the canary audit runs in one process, not with --nproc"):
+        prepare(config, data_parallel=object())
