@@ -150,17 +150,26 @@ def _split(store, run: dict[str, Any], data_dir: str | None):
         raise DPWError(f"the dataset {config.dataset!r} found now is not the one run {run['id']} trained on "
                        "(its fingerprint differs)", hint="point --data-dir at the files the run used")
     if config.mechanism == "pate":
-        pool = _pool_size(store, run)
-        return (data.x_train, data.y_train, data.x_test[pool:], data.y_test[pool:],
+        from engine.array_data import take_rows
+
+        held_out = _held_out_rows(store, run, data.num_test, config.seed)
+        return (data.x_train, data.y_train, take_rows(data.x_test, held_out), data.y_test[held_out],
                 "the teachers' private training data", "the student's held-out examples (after the public pool)")
     return data.x_train, data.y_train, data.x_test, data.y_test, "training split", "test split"
 
 
-def _pool_size(store, run: dict[str, Any]) -> int:
+def _held_out_rows(store, run: dict[str, Any], num_test: int, seed: int):
+    """The test rows the PATE run held out from its public pool, in the order the run recorded
+    (runs before the order was recorded used the split as stored)."""
+    import torch
+
+    from engine.pate.shards import AS_STORED, public_rows
+
     plan = next((e for e in store.events(run["id"]) if e["type"] == "plan"), {})
-    if plan.get("public_pool_size") is not None:
-        return int(plan["public_pool_size"])
-    raise DPWError(f"run {run['id']} recorded no public pool size: its held-out examples are unknown")
+    if plan.get("public_pool_size") is None:
+        raise DPWError(f"run {run['id']} recorded no public pool size: its held-out examples are unknown")
+    rows = public_rows(num_test, order=plan.get("public_order", AS_STORED), seed=seed)
+    return torch.from_numpy(rows[int(plan["public_pool_size"]):])
 
 
 def _losses(model, x, y, chunk: int = 2048) -> np.ndarray:

@@ -406,7 +406,9 @@ class RunConfig:
     public_pool_size: int | None = _spec(
         None, label="Public pool size", help="The first this many examples of the test split form the "
         "student's public unlabeled pool; the rest are held out for evaluation (as in the papers: MNIST "
-        "9,000 / 1,000). Unset: 90% of the test split.", kind=int, minimum=1, maximum=100_000_000,
+        "9,000 / 1,000). Standard test files (MNIST, CIFAR-10, SVHN ...) keep their published order; any "
+        "other test split is shuffled with the seed first, as it may be sorted by class. Unset: 90% of "
+        "the test split.", kind=int, minimum=1, maximum=100_000_000,
         optional=True, unit="examples", mechanisms=("pate",), group="pate",
     )
     student_epochs: int = _spec(
@@ -635,7 +637,8 @@ class RunConfig:
             )
 
     def pool_size_for(self, num_test: int) -> int:
-        """PATE: size of the public pool (the first examples of the test split)."""
+        """PATE: size of the public pool (the first examples of the test split, in the order of
+        engine.pate.shards.public_rows)."""
         return self.public_pool_size if self.public_pool_size is not None else int(0.9 * num_test)
 
     def sample_rate_for(self, num_train: int) -> float:

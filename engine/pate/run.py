@@ -45,7 +45,7 @@ from engine.errors import ConfigError, DataError
 from engine.models import build_model, default_model_for
 from engine.pate import aggregation
 from engine.pate.ray_backend import RaySession, RayTeachers, import_ray, train_teachers_on_ray
-from engine.pate.shards import partition
+from engine.pate.shards import partition, public_order_for, public_rows
 from engine.pate.student import StudentResult, train_student
 from engine.pate.teachers import Teachers, build_teachers, train_teachers, vote_counts
 from engine.privacy import pate as analysis
@@ -525,6 +525,8 @@ def prepare_pate(config: RunConfig, data: Dataset, *, emit: Emit = _noop) -> Pre
     if config.teachers_backend == "ray":
         import_ray()  # before the run is stored: without Ray, one line naming the extra
     pool = config.pool_size_for(data.num_test)
+    order = public_order_for(config.dataset)
+    rows = torch.from_numpy(public_rows(data.num_test, order=order, seed=config.seed))
     teacher_name = default_model_for(data) if config.teacher_model == "auto" else config.teacher_model
     try:
         build_model(teacher_name, input_shape=data.input_shape, num_classes=data.num_classes)
@@ -549,6 +551,7 @@ def prepare_pate(config: RunConfig, data: Dataset, *, emit: Emit = _noop) -> Pre
         num_train=data.num_train,
         num_test=data.num_test - pool,
         public_pool_size=pool,
+        public_order=order,
         input_shape=list(data.input_shape),
         num_classes=data.num_classes,
         dataset_fingerprint=data.fingerprint,
@@ -579,8 +582,8 @@ def prepare_pate(config: RunConfig, data: Dataset, *, emit: Emit = _noop) -> Pre
         teacher_model_name=teacher_name,
         device=device,
         emit=emit,
-        x_pool=take_rows(data.x_test, slice(None, pool)),
-        y_pool=data.y_test[:pool],
-        x_holdout=take_rows(data.x_test, slice(pool, None)),
-        y_holdout=data.y_test[pool:],
+        x_pool=take_rows(data.x_test, rows[:pool]),
+        y_pool=data.y_test[rows[:pool]],
+        x_holdout=take_rows(data.x_test, rows[pool:]),
+        y_holdout=data.y_test[rows[pool:]],
     )

@@ -30,3 +30,29 @@ def shard_matrix(shards: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         out[k, : len(s)] = s
         out[k, len(s):] = s[0]
     return out, lengths
+
+
+AS_STORED, SHUFFLED = "as stored", "shuffled"  # how the test split's rows are ordered into pool and held-out
+
+
+def public_order_for(dataset: str) -> str:
+    """A registered dataset with its own test files (MNIST, CIFAR-10, SVHN ...) keeps their published
+    order, as the PATE papers use it (the MNIST pool is the first 9,000 test images). Any other test
+    split is shuffled: one drawn here lists its rows in file order and a user's test file may be
+    sorted too, by class (an image folder always is), which put only the first classes in the pool
+    and the queries and only the last ones in the held-out part the student is scored on."""
+    from engine.datasets import _lookup
+
+    info = _lookup(str(dataset))
+    return AS_STORED if info is not None and info.needs_files else SHUFFLED
+
+
+def public_rows(num_test: int, *, order: str, seed: int) -> np.ndarray:
+    """The test split's rows in the order PATE uses them: the public pool first (its queries in
+    that order), the held-out examples after it. A seeded permutation when `order` is SHUFFLED:
+    fixed before any private data is seen, so the queries stay chosen in advance."""
+    if order == AS_STORED:
+        return np.arange(num_test)
+    if order != SHUFFLED:
+        raise ValueError(f"unknown public order {order!r}")
+    return np.random.default_rng(np.random.SeedSequence([seed, 0x9B1C])).permutation(num_test)

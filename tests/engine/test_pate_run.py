@@ -241,3 +241,42 @@ def test_a_release_at_an_order_where_its_conditions_fail_is_not_published(tmp_pa
     assert not store.privacy(run_id, "pate-released")  # no released value in the ledger
     warnings = [e["message"] for e in store.events(run_id) if e["type"] == "warning"]
     assert any("released epsilon is not used" in w for w in warnings)
+
+
+def test_a_test_split_sorted_by_class_gives_every_class_to_the_pool_and_the_held_out_part(tmp_path):
+    """An image folder lists its files class by class, so its test split is sorted by class. Taken
+    in that order, the pool (and so the first queries) held only the first classes and the held-out
+    part only the last: the student scored 0% on 8 held-out images of a class it never saw. Now such
+    a split is shuffled with the seed; the standard test files keep their published order."""
+    from PIL import Image
+
+    from engine.audit_run import _held_out_rows
+    from engine.pate.shards import AS_STORED, SHUFFLED, public_order_for
+    from engine.runs import prepare
+
+    rng = np.random.default_rng(0)
+    for label in range(3):
+        folder = tmp_path / "pictures" / f"class_{label}"
+        folder.mkdir(parents=True)
+        for i in range(60):
+            Image.fromarray(rng.integers(0, 256, (6, 6), dtype=np.uint8)).save(folder / f"{i:03d}.png")
+    config = RunConfig(dataset=str(tmp_path / "pictures"), mechanism="pate", num_teachers=3, teacher_model="mlp",
+                       model="mlp", aggregator="gnmax", gnmax_sigma=2.0, num_queries=6, delta=1e-4, seed=4)
+    events = []
+    run = prepare(config, emit=lambda kind, **fields: events.append(dict(fields, type=kind)))
+    assert set(run.data.y_test.tolist()) == {0, 1, 2} and run.data.y_test.tolist() == sorted(run.data.y_test.tolist())
+    # In file order the six queries were all class 0 and the 4 held-out images all class 2.
+    assert len(set(run.y_pool[:6].tolist())) > 1 and len(set(run.y_holdout.tolist())) > 1
+    assert set(run.y_pool.tolist()) == {0, 1, 2}
+    assert len(run.y_pool) + len(run.y_holdout) == run.data.num_test
+    plan = next(e for e in events if e["type"] == "plan")
+    assert plan["public_order"] == SHUFFLED
+
+    class Recorded:  # the audit finds the very held-out rows the run used, from its plan event
+        def events(self, _):
+            return [plan]
+
+    held_out = _held_out_rows(Recorded(), {"id": 1}, run.data.num_test, config.seed)
+    assert torch.equal(run.data.y_test[held_out], run.y_holdout)
+    assert public_order_for("mnist") == public_order_for("CIFAR-10") == AS_STORED
+    assert public_order_for("digits") == public_order_for(str(tmp_path / "pictures")) == SHUFFLED
