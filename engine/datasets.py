@@ -225,6 +225,13 @@ def dataset_info(name: str) -> DatasetInfo:
     return info
 
 
+def has_published_test_split(name: str) -> bool:
+    """Whether `name` is a registered dataset that comes with its own test files (MNIST, CIFAR-10,
+    SVHN ...), in their published order; any other test split is drawn here or given by the user."""
+    info = _lookup(str(name))
+    return info is not None and info.needs_files
+
+
 def load_dataset(
     name_or_path: str | Path,
     *,

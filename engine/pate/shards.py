@@ -41,10 +41,9 @@ def public_order_for(dataset: str) -> str:
     split is shuffled: one drawn here lists its rows in file order and a user's test file may be
     sorted too, by class (an image folder always is), which put only the first classes in the pool
     and the queries and only the last ones in the held-out part the student is scored on."""
-    from engine.datasets import _lookup
+    from engine.datasets import has_published_test_split
 
-    info = _lookup(str(dataset))
-    return AS_STORED if info is not None and info.needs_files else SHUFFLED
+    return AS_STORED if has_published_test_split(dataset) else SHUFFLED
 
 
 def public_rows(num_test: int, *, order: str, seed: int) -> np.ndarray:
