@@ -269,9 +269,9 @@ def prepare(config: RunConfig, *, emit: Emit = _noop, data_parallel: Any = None)
         threads=torch.get_num_threads(),
     )
     if plan.bounds_nothing():
-        emit("warning", message=f"noise multiplier {plan.noise_multiplier:g} bounds nothing: after "
-             f"{plan.steps_allowed:,} steps no finite ε holds at δ = {plan.delta:g}, so the run will state no "
-             "guarantee", hint="raise noise_multiplier, or set target_epsilon instead")
+        emit("warning", message=f"noise multiplier {plan.noise_multiplier:g} bounds nothing: no finite ε holds "
+             f"at δ = {plan.delta:g} after {plan.steps_allowed:,} steps, so this run carries no guarantee",
+             hint="raise noise_multiplier, or set target_epsilon instead")
     if plan.steps_allowed < plan.steps_planned:
         emit(
             "warning",
