@@ -56,3 +56,24 @@ def test_a_valid_config_is_checked_then_started(window, qtbot):
     assert run_id is not None and run_id in window.run_data
     qtbot.waitUntil(lambda: window.run_data[run_id].finished, timeout=120_000)
     assert _store_ids(window) == [run_id]
+
+
+def test_an_image_folder_with_a_broken_file_is_one_line_before_any_run(window, tmp_path):
+    """The broken file was found by the training step that drew it: a failed run that had spent privacy.
+    Now the check before storing finds it, and the form names the file."""
+    import numpy as np
+    from PIL import Image
+
+    for label in ("cat", "dog"):
+        (tmp_path / "pictures" / label).mkdir(parents=True)
+        for i in range(30):
+            Image.fromarray(np.full((8, 8), 40 * i % 256, np.uint8)).save(tmp_path / "pictures" / label / f"{i}.png")
+    broken = tmp_path / "pictures" / "dog" / "17.png"
+    broken.write_bytes(b"\x89PNG truncated")
+    for name, value in dict(name="pictures", dataset=str(tmp_path / "pictures"), noise_multiplier="1.0",
+                            target_epsilon="", delta="1e-3", expected_batch_size="8", epochs="1",
+                            model="auto").items():
+        window.form.set_value(name, value)
+    assert window.start_run(window.form.config()) is None
+    assert _store_ids(window) == []
+    assert any(f"{broken}: cannot be read as an image" in line for line in _problems(window)), _problems(window)
