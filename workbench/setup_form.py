@@ -246,11 +246,20 @@ class SetupForm(QWidget):
         line.addWidget(holder, 1)
         if name == "dataset":
             browse = QPushButton("File…")
-            browse.setToolTip("Choose a .csv or .npz file")
+            browse.setObjectName("chooseDataFile")
+            browse.setToolTip("Choose a .csv table or an .npz archive (x, y) as the dataset")
             browse.clicked.connect(self._choose_data_file)
             line.addWidget(browse)
+            folder = QPushButton("Folder…")
+            folder.setObjectName("chooseDataFolder")
+            folder.setToolTip("Choose a folder as the dataset: images in one sub-folder per class, or x.npy and "
+                              "y.npy (read from disk as training goes, so it may be larger than memory)")
+            folder.clicked.connect(self._choose_data_folder)
+            line.addWidget(folder)
         elif name == "data_dir":
             browse = QPushButton("Folder…")
+            browse.setObjectName("chooseDataDir")
+            browse.setToolTip("Choose the folder that holds the registered datasets' files (mnist/, cifar10/ …)")
             browse.clicked.connect(self._choose_data_dir)
             line.addWidget(browse)
         unit = None
@@ -459,11 +468,26 @@ class SetupForm(QWidget):
 
     # ---- file choosers -------------------------------------------------------------------------
     def _choose_data_file(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Choose a data file", str(Path.home()), DATA_FILE_FILTER)
+        path, _ = QFileDialog.getOpenFileName(self, "Choose a data file", self._start_folder("dataset"),
+                                              DATA_FILE_FILTER)
+        if path:
+            self.set_value("dataset", path)
+
+    def _choose_data_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Choose a dataset folder (a sub-folder per class, or x.npy "
+                                                "and y.npy)", self._start_folder("dataset"))
         if path:
             self.set_value("dataset", path)
 
     def _choose_data_dir(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Choose the data folder", str(Path.home()))
+        path = QFileDialog.getExistingDirectory(self, "Choose the data folder", self._start_folder("data_dir"))
         if path:
             self.set_value("data_dir", path)
+
+    def _start_folder(self, name: str) -> str:
+        """Where a chooser opens: beside the path the field holds now (a file's or folder's parent),
+        else the home folder."""
+        value = Path(self.state.texts.get(name, "").strip()).expanduser()
+        if str(value) not in ("", ".") and value.parent.is_dir() and value.is_absolute():
+            return str(value.parent)
+        return str(Path.home())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QComboBox, QLineEdit
@@ -272,3 +274,24 @@ def test_the_first_preview_never_asks_to_fix_settings_when_none_is_marked(qtbot)
     qtbot.waitUntil(lambda: "ε =" in form.preview_label.text(), timeout=20000)
     form.set_value("delta", "abc")
     assert "Fix the settings" in form.preview_label.text()
+
+
+def test_a_dataset_folder_is_chosen_by_its_own_button_not_as_the_data_directory(form, tmp_path, monkeypatch):
+    """An image folder or an x.npy/y.npy folder is a dataset: its Folder… button sets `dataset`. Before,
+    only a .csv/.npz file could be chosen there, and the only folder button set `data_dir` (where the
+    registered datasets' files are), which a newcomer with a folder of images pressed instead."""
+    from PySide6.QtWidgets import QFileDialog, QPushButton
+
+    pictures = tmp_path / "pictures"
+    (pictures / "cat").mkdir(parents=True)
+    opened = []
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory",
+                        lambda parent, title, start: (opened.append(start), str(pictures))[1])
+    form.findChild(QPushButton, "chooseDataFolder").click()
+    assert form.state.texts["dataset"] == str(pictures) and form.state.texts["data_dir"] == ""
+    assert opened == [str(Path.home())]
+    form.findChild(QPushButton, "chooseDataFolder").click()  # the next chooser opens beside the last choice
+    assert opened[-1] == str(tmp_path)
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda parent, title, start: str(tmp_path / "data"))
+    form.findChild(QPushButton, "chooseDataDir").click()
+    assert form.state.texts["data_dir"] == str(tmp_path / "data") and form.state.texts["dataset"] == str(pictures)
