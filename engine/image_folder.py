@@ -5,10 +5,12 @@
       dog/  ...
 
 Class names are the sub-folder names in sorted order; every image file (png, jpg, jpeg, bmp, gif,
-tif, tiff, webp) is one example. Only the file list and the labels are held in memory: a training
-step decodes exactly the images its Poisson sample drew (`ImageFileRows`), so the folder may be
-far larger than memory. All images must have one size (every file's header is checked at load);
-the colour mode is the first image's (grayscale "L" or "RGB"), and every image is converted to it.
+tif, tiff, webp) is one example. Hidden files and folders (a leading '.', e.g. the '._name.png'
+files macOS leaves on other disks) are left out. Only the file list and the labels are held in
+memory: a training step decodes exactly the images its Poisson sample drew (`ImageFileRows`), so
+the folder may be far larger than memory. All images must have one size (every file's header is
+checked at load); the colour mode is the first image's (grayscale "L" or "RGB"), and every image is
+converted to it.
 The train/test split is a seeded, stratified split of the files (engine.datasets.stratified_split).
 """
 
@@ -26,11 +28,17 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 
 def is_image_folder(folder: Path) -> bool:
     """A folder with at least one sub-folder that holds an image file."""
-    return any(child.is_dir() and any(_images_in(child)) for child in folder.iterdir())
+    return bool(_class_folders(folder))
+
+
+def _class_folders(folder: Path) -> list[Path]:
+    return sorted(c for c in folder.iterdir() if c.is_dir() and not c.name.startswith(".") and any(_images_in(c)))
 
 
 def _images_in(folder: Path):
-    return (p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    """The image files of `folder`, hidden ones left out."""
+    return (p for p in sorted(folder.iterdir())
+            if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
 
 
 class ImageFileRows:
@@ -39,11 +47,22 @@ class ImageFileRows:
     def __init__(self, files: list[Path], *, name: str):
         self.files = files
         self.name = name
-        first = self._open(files[0])
+        first = self._first_readable()
         self.mode = "L" if first.mode in ("1", "L", "I", "I;16", "F") else "RGB"
         self.size = first.size  # (width, height)
         channels = 1 if self.mode == "L" else 3
         self.shape = (len(files), channels, first.size[1], first.size[0])
+
+    def _first_readable(self):
+        """The first file that opens as an image (its header): it sets the folder's size and colour
+        mode. A file before it that does not open is named by `check_every_row`, with the others."""
+        problems = []
+        for path in self.files:
+            try:
+                return self._open(path, decode=False)
+            except DataError as problem:
+                problems.append(problem)
+        raise _refused(problems, self.name)
 
     def _open(self, path: Path, *, decode: bool = True):
         from PIL import Image, UnidentifiedImageError
@@ -75,16 +94,29 @@ class ImageFileRows:
         """Refuse the folder before training if a file is not an image or has another size: said at
         load, no privacy is spent on a run that a step would stop. Only each file's header is read
         (its pixels are decoded when a step draws it; a file damaged past its header fails then)."""
+        problems: list[DataError] = []
         for path in self.files:
-            with self._open(path, decode=False) as image:
-                self._check_size(path, image)
+            try:
+                with self._open(path, decode=False) as image:
+                    self._check_size(path, image)
+            except DataError as problem:
+                problems.append(problem)
+        if problems:
+            raise _refused(problems, self.name)
+
+
+def _refused(problems: list[DataError], folder: str) -> DataError:
+    """The first file's problem, and how many more files have one."""
+    more = len(problems) - 1
+    return DataError(str(problems[0]) + (f" (and {more} more file{'s' if more > 1 else ''} in {folder} "
+                                         "refused as well)" if more else ""))
 
 
 def load_image_folder(folder: Path, *, test_fraction: float, seed: int):
     """The images under `folder`'s class sub-folders as a Dataset whose inputs are decoded on demand."""
     from engine.datasets import _need_two_classes, _split_or_fail, _split_text
 
-    classes = sorted(child.name for child in folder.iterdir() if child.is_dir() and any(_images_in(child)))
+    classes = [child.name for child in _class_folders(folder)]
     files: list[Path] = []
     labels: list[int] = []
     for label, name in enumerate(classes):

@@ -171,8 +171,18 @@ def test_user_errors_are_one_line_naming_the_file(tmp_path, monkeypatch):
     with pytest.raises(DataError, match=rf"{paths[7].name}: is 12x12 pixels but the folder's images are 10x10"):
         load_dataset(tmp_path / "pictures", test_fraction=0.5)
     paths[3].write_bytes(b"not an image")
-    with pytest.raises(DataError, match=rf"{paths[3].name}: cannot be read as an image"):
+    with pytest.raises(DataError, match=rf"{paths[3].name}: cannot be read as an image .* \(and 1 more file in "
+                                        rf"{tmp_path / 'pictures'} refused as well\)"):
         load_dataset(tmp_path / "pictures", test_fraction=0.5)
+    # Hidden files and folders are not examples: macOS's '._name.png' companions (not images), a
+    # checkpoint folder.
+    Image.fromarray(x[0, 0]).save(paths[3])
+    Image.fromarray(x[7, 0]).save(paths[7])
+    (paths[5].parent / f"._{paths[5].name}").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    (tmp_path / "pictures" / ".ipynb_checkpoints").mkdir()
+    Image.fromarray(x[0, 0]).save(tmp_path / "pictures" / ".ipynb_checkpoints" / "0.png")
+    data = load_dataset(tmp_path / "pictures", test_fraction=0.5)
+    assert data.num_train + data.num_test == 40 and data.class_names == ("class_0", "class_1")
 
     np.save(tmp_path / "x.npy", x)
     with pytest.raises(DataError, match="a .npy file holds one array; put the inputs in x.npy and the labels in y.npy"):
