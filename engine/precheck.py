@@ -20,13 +20,25 @@ def check_before_storing(config: RunConfig) -> None:
     prepare(config)
 
 
-def answer(config_dict: dict) -> dict:
-    """One check's reply: {"ok": true}, or {"ok": false, "message", "hint", "field"} (a DPWError's
-    one line; anything else as its type and text)."""
+def data_size(config: RunConfig) -> dict:
+    """How many training and test examples the config's data holds, read as a run reads it (for
+    the window's privacy-cost preview of a dataset it has no table for: a user's file or folder)."""
+    from engine.runs import load_run_data
+
+    data = load_run_data(config)
+    return {"num_train": int(data.num_train), "num_test": int(data.num_test)}
+
+
+def answer(request: dict) -> dict:
+    """One request's reply. A run config: the check, {"ok": true}. {"size_of": config}: the data's
+    size, {"ok": true, "num_train", "num_test"}. A failure: {"ok": false, "message", "hint", "field"}
+    (a DPWError's one line; anything else as its type and text)."""
     from engine.errors import ConfigError, DPWError
 
     try:
-        check_before_storing(RunConfig.from_dict(config_dict))
+        if "size_of" in request:
+            return {"ok": True, **data_size(RunConfig.from_dict(request["size_of"]))}
+        check_before_storing(RunConfig.from_dict(request))
     except DPWError as exc:
         return {"ok": False, "message": exc.message, "hint": exc.hint,
                 "field": exc.field if isinstance(exc, ConfigError) else None}
@@ -36,8 +48,8 @@ def answer(config_dict: dict) -> dict:
 
 
 def serve(stdin, stdout) -> int:
-    """`python -m engine.precheck`: one run config (JSON) per line in, one reply per line out, until
-    end of input. The window keeps one such process, so torch is imported once, not per run."""
+    """`python -m engine.precheck`: one request (JSON, see `answer`) per line in, one reply per line
+    out, until end of input. The window keeps one such process, so torch is imported once, not per run."""
     import json
 
     stdout.write(json.dumps({"ready": True}) + "\n")

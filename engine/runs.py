@@ -190,17 +190,9 @@ def train_subset(data: Dataset, size: int, *, seed: int) -> Dataset:
     )
 
 
-def prepare(config: RunConfig, *, emit: Emit = _noop, data_parallel: Any = None) -> PreparedRun:
-    """Load the data, build the model and fix the privacy plan; emits a `plan` event.
-
-    PATE runs (mechanism "pate") get an `engine.pate.run.PreparedPATERun`, with the same
-    train() / run_fields() / finish() interface. With `data_parallel` (a `--nproc` run) every rank
-    prepares the same run: the same data (checked), weights and rank 0's privacy plan.
-    """
-    if data_parallel is not None:
-        from engine.distributed_launch import check_distributable
-
-        check_distributable(config)
+def load_run_data(config: RunConfig, *, emit: Emit = _noop) -> Dataset:
+    """The data a run trains on: the dataset as the config reads it (split, scaling, DP feature
+    statistics), then its training subset. Every problem with the data is a one-line DPWError here."""
     dp_statistics = config.normalization == "dp" and config.mechanism == "dpsgd"
     data = load_dataset(
         config.dataset,
@@ -220,6 +212,21 @@ def prepare(config: RunConfig, *, emit: Emit = _noop, data_parallel: Any = None)
                           "with fixed constants", hint="use 'bounds' (the default) for image datasets")
     if config.train_subset is not None and config.train_subset < data.num_train:
         data = train_subset(data, config.train_subset, seed=config.seed)
+    return data
+
+
+def prepare(config: RunConfig, *, emit: Emit = _noop, data_parallel: Any = None) -> PreparedRun:
+    """Load the data, build the model and fix the privacy plan; emits a `plan` event.
+
+    PATE runs (mechanism "pate") get an `engine.pate.run.PreparedPATERun`, with the same
+    train() / run_fields() / finish() interface. With `data_parallel` (a `--nproc` run) every rank
+    prepares the same run: the same data (checked), weights and rank 0's privacy plan.
+    """
+    if data_parallel is not None:
+        from engine.distributed_launch import check_distributable
+
+        check_distributable(config)
+    data = load_run_data(config, emit=emit)
     if config.audit_canaries and config.audit_canary_kind == "input":
         from engine.dpsgd.canaries import check_input_canaries_fit
 

@@ -144,6 +144,7 @@ class MainWindow(QMainWindow):
         self.tabs = QTabWidget()
         self.tabs.setObjectName("tabs")
         self.form = SetupForm()
+        self.form.size_lookup = self.precheck.data_size  # a file or folder dataset's N, for the preview
         self.form.start_requested.connect(self.start_run)
         self.dashboard = Dashboard()
         self.theory = TheorySource(self)  # attack figures of the guarantee, computed off this thread

@@ -47,32 +47,33 @@ class PrecheckClient:
 
     def check(self, config: Any) -> DPWError | None:
         """Check a RunConfig (blocking; safe from a worker thread): None when it would train."""
+        reply = self._ask(config.to_dict())
+        return None if reply.get("ok") else _problem(reply)
+
+    def data_size(self, config: Any) -> tuple[int, int] | DPWError:
+        """(training, test) examples of the config's data as a run reads it, or why it cannot be read
+        (blocking; from a worker thread: a large dataset takes as long to read as a run's loading)."""
+        reply = self._ask({"size_of": config.to_dict()})
+        return (int(reply["num_train"]), int(reply["num_test"])) if reply.get("ok") else _problem(reply)
+
+    def _ask(self, request: dict) -> dict:
         with self._lock:
-            reply = None
-            for _ in range(2):  # a helper that died since the last check is started again once
+            for _ in range(2):  # a helper that died since the last request is started again once
                 if self._closed:
                     break
                 if self._process is None or self._process.poll() is not None:
                     self._process = self._start()
                 try:
-                    self._process.stdin.write((json.dumps(config.to_dict()) + "\n").encode("utf-8"))
+                    self._process.stdin.write((json.dumps(request) + "\n").encode("utf-8"))
                     self._process.stdin.flush()
                     line = self._process.stdout.readline()
                 except (OSError, ValueError):
                     line = b""
                 if line.strip():
-                    reply = json.loads(line)
-                    break
+                    return json.loads(line)
                 self._stop()
-            if reply is None:
-                return DPWError("the pre-run check ended without an answer (its error is in the terminal)",
-                                hint="the run was not stored; try again, or start it with `dpw run`")
-        if reply.get("ok"):
-            return None
-        if reply.get("field"):
-            field = reply["field"]
-            return ConfigError(field, reply["message"].removeprefix(f"{field}: "), hint=reply.get("hint"))
-        return DPWError(reply["message"], hint=reply.get("hint"))
+        return {"ok": False, "message": "the pre-run check ended without an answer (its error is in the terminal)",
+                "hint": "the run was not stored; try again, or start it with `dpw run`"}
 
     def _stop(self) -> None:
         process, self._process = self._process, None
@@ -87,6 +88,14 @@ class PrecheckClient:
             process.kill()
         with self._lock:
             self._stop()
+
+
+def _problem(reply: dict) -> DPWError:
+    """A failed reply as the engine's error (a ConfigError names its field)."""
+    if reply.get("field"):
+        field = reply["field"]
+        return ConfigError(field, reply["message"].removeprefix(f"{field}: "), hint=reply.get("hint"))
+    return DPWError(reply["message"], hint=reply.get("hint"))
 
 
 def check_while_painting(client: PrecheckClient, config: Any) -> DPWError | None:

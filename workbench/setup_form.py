@@ -10,9 +10,10 @@ height, states the privacy cost of the settings.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
+from shiboken6 import isValid
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -33,9 +34,9 @@ from PySide6.QtWidgets import (
 )
 
 from engine.config import RunConfig
-from engine.errors import ConfigError
+from engine.errors import ConfigError, DPWError
 from workbench import form_state
-from workbench.form_state import GROUP_TITLES, FormState
+from workbench.form_state import GROUP_TITLES, DataSize, FormState
 from workbench.preview import CostPreview
 
 ERROR_COLOUR = "#d62728"
@@ -44,6 +45,9 @@ PREVIEW_LINES = 6  # the preview's fixed height, in lines (longer text scrolls i
 PROBLEM_ROWS = 4  # the problems panel's fixed height, in rows (more scroll inside it)
 NO_PROBLEMS = "Every setting is valid."
 DATA_FILE_FILTER = "Data files (*.csv *.npz);;CSV tables (*.csv);;NumPy arrays (*.npz)"
+# The settings a file or folder dataset's training and test sizes depend on (besides the data itself).
+SIZE_SETTINGS = ("data_dir", "label_column", "test_fraction", "seed", "train_subset")
+SIZE_READ_DELAY_MS = 400  # a typed path is read once it has not changed for this long
 
 
 def _frame_style(name: str, *, invalid: bool) -> str:
@@ -131,6 +135,15 @@ class SetupForm(QWidget):
         self._shown: set[str] = set()  # the fields shown now
         self.preview = CostPreview(self)
         self.preview.ready.connect(self._show_preview)
+        # How a file or folder dataset's size is read (the window's pre-run check helper); None: not read.
+        self.size_lookup: Callable[[RunConfig], tuple[int, int] | DPWError] | None = None
+        self._read_sizes: dict[tuple, DataSize | DPWError] = {}  # by _own_data_key
+        self._reading: Any = None  # the task reading a size, kept until it reports
+        self._size_wanted: tuple[tuple, RunConfig] | None = None  # read once the path stops changing
+        self._size_timer = QTimer(self)
+        self._size_timer.setSingleShot(True)
+        self._size_timer.setInterval(SIZE_READ_DELAY_MS)
+        self._size_timer.timeout.connect(self._start_size_read)
 
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
@@ -334,6 +347,8 @@ class SetupForm(QWidget):
     # ---- validation ----------------------------------------------------------------------------
     def _edited(self, name: str) -> None:
         self.state.set_text(name, self.fields[name].text())
+        if name == "dataset":
+            self._read_sizes.clear()  # choosing (or typing) the dataset again reads it again
         if set(self.state.visible()) != self._shown:
             self._apply_mechanism()
         self.revalidate()
@@ -353,6 +368,10 @@ class SetupForm(QWidget):
 
     def revalidate(self) -> None:
         size = self.state.data_size()
+        own_data = self._own_data_key() if size is None else None
+        read = self._read_sizes.get(own_data) if own_data else None
+        if isinstance(read, DataSize):
+            size = read
         self.errors = self.state.errors(size)
         for name, f in self.fields.items():
             error = self.errors.get(name)
@@ -378,7 +397,12 @@ class SetupForm(QWidget):
         self.validity_changed.emit(valid)
         if valid:
             config = self.state.config()
-            if size is None:
+            if isinstance(read, DPWError):
+                self.preview.request(None, None, f"Cannot read the dataset: {self._message_of(read)}")
+            elif size is None and own_data and self.size_lookup is not None:
+                self.preview.request(None, None, "Reading the dataset to state the privacy cost…")
+                self._read_size(own_data, config)
+            elif size is None:
                 self.preview.request(config, None, "The privacy cost is shown for registered datasets; for a file "
                                      "it is known once the runner has loaded it (see the run's plan).")
             else:
@@ -397,6 +421,59 @@ class SetupForm(QWidget):
     @staticmethod
     def _message(error: ConfigError) -> str:
         return error.message + (f" — {error.hint}" if error.hint else "")
+
+    _message_of = _message  # any DPWError: its line and hint
+
+    # ---- the size of a file or folder dataset --------------------------------------------------
+    def _own_data_key(self) -> tuple | None:
+        """What a file or folder dataset's size depends on: the path as it is now (its modification
+        time) and the settings that split or subset it. None when the dataset is not such a path."""
+        values = self.state.values()
+        text = str(values.get("dataset") or "").strip()
+        path = Path(text).expanduser()
+        if not text or not path.is_absolute() or not path.exists():
+            return None
+        try:
+            stamp = path.stat().st_mtime_ns
+        except OSError:
+            return None
+        return (str(path), stamp, *(values.get(name) for name in SIZE_SETTINGS))
+
+    def _read_size(self, key: tuple, config: RunConfig) -> None:
+        """Have the engine read the dataset for this key once the path has stopped changing for a
+        moment (not every folder on the way while a path is typed), off the GUI thread."""
+        if self._reading is not None and self._reading.key == key:
+            return
+        self._size_wanted = (key, config)
+        self._size_timer.start()
+
+    def _start_size_read(self) -> None:
+        from workbench.dialogs import start_task
+
+        if self._size_wanted is None or self._size_wanted[0] != self._own_data_key():
+            return  # changed since: its own revalidation asked again
+        (key, config), self._size_wanted = self._size_wanted, None
+        lookup = self.size_lookup
+
+        def read() -> DataSize | DPWError:
+            found = lookup(config)
+            return found if isinstance(found, DPWError) else DataSize(found[0], found[1], exact=True)
+
+        def done(result: DataSize | DPWError) -> None:
+            if not isValid(self):  # the window closed while the data was read
+                return
+            self._read_sizes[key] = result
+            if self._reading is task:
+                self._reading = None
+            if self._own_data_key() == key:
+                self.revalidate()
+
+        def failed(exc: BaseException) -> None:
+            done(exc if isinstance(exc, DPWError) else DPWError(f"{type(exc).__name__}: {exc}"))
+
+        task = start_task(read, done, failed)
+        task.key = key
+        self._reading = task
 
     def _problem_lines(self) -> list[str]:
         """One line per problem, in form order, each naming its field by the form's label."""

@@ -1,4 +1,5 @@
-"""`python -m engine.precheck`: the checks before storing, one config per line, for the window."""
+"""`python -m engine.precheck`: the checks before storing (and the data's size), one request per
+line, for the window."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ def test_the_precheck_service_answers_each_config_in_one_line(tmp_path):
     table.write_text("x,label\n" + "".join(f"{i},{i % 2}\n" for i in range(40)))
     big_delta = RunConfig(name="d", dataset=str(table), noise_multiplier=1.0, delta=0.1, expected_batch_size=4)
     fine = RunConfig(name="ok", dataset="digits", noise_multiplier=1.0, epochs=1)
+    sizes = [{"size_of": c.to_dict()} for c in (big_delta, RunConfig(dataset=str(table), train_subset=10), missing)]
     lines = "".join(json.dumps(c.to_dict()) + "\n" for c in (missing, big_delta, fine)) + "not json\n"
+    lines += "".join(json.dumps(request) + "\n" for request in sizes)
     out = subprocess.run([sys.executable, "-m", "engine.precheck"], input=lines, capture_output=True, text=True,
                          cwd=REPO, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -29,4 +32,9 @@ def test_the_precheck_service_answers_each_config_in_one_line(tmp_path):
     assert replies[1]["ok"] is False and replies[1]["field"] == "delta" and "1/N" in replies[1]["message"]
     assert replies[2] == {"ok": True}
     assert replies[3]["ok"] is False and "unreadable request" in replies[3]["message"]
+    # The data's size, as a run reads it (the window's cost preview of a file or folder dataset):
+    # 40 rows, 8 held out (test_fraction 0.2); a training subset; data that cannot be read.
+    assert replies[4] == {"ok": True, "num_train": 32, "num_test": 8}
+    assert replies[5] == {"ok": True, "num_train": 10, "num_test": 8}
+    assert replies[6]["ok"] is False and "dataset files not found" in replies[6]["message"]
     assert "Traceback" not in out.stderr

@@ -77,3 +77,31 @@ def test_an_image_folder_with_a_broken_file_is_one_line_before_any_run(window, t
     assert window.start_run(window.form.config()) is None
     assert _store_ids(window) == []
     assert any(f"{broken}: cannot be read as an image" in line for line in _problems(window)), _problems(window)
+
+
+def test_the_privacy_cost_of_a_folder_dataset_is_previewed_from_its_real_size(window, qtbot, tmp_path):
+    """For a file or folder dataset the preview said the cost was known only once a run had loaded it.
+    Now the pre-run check helper reads the data's size (off the GUI thread): the preview states ε for
+    the real N, delta >= 1/N is marked at its field before Start, and unreadable data is said at once."""
+    import numpy as np
+    from PIL import Image
+
+    for label in ("cat", "dog"):
+        (tmp_path / "pictures" / label).mkdir(parents=True)
+        for i in range(30):
+            Image.fromarray(np.full((8, 8), 40 * i % 256, np.uint8)).save(tmp_path / "pictures" / label / f"{i}.png")
+    for name, value in dict(name="pictures", noise_multiplier="1.0", target_epsilon="", delta="1e-3",
+                            expected_batch_size="8", epochs="1", model="auto", test_fraction="0.2").items():
+        window.form.set_value(name, value)
+    window.form.set_value("dataset", str(tmp_path / "pictures"))
+    preview = window.form.preview_label
+    qtbot.waitUntil(lambda: "N 48," in preview.text(), timeout=60_000)  # 60 images, 12 held out
+    assert "ε = " in preview.text() and "sampling rate q = 0.1667" in preview.text(), preview.text()
+    window.form.set_value("delta", "0.05")  # not below 1/48
+    delta = window.form.fields["delta"]
+    assert delta.mark.text() == INVALID_MARK and "1/N" in delta.message
+    window.form.set_value("delta", "1e-3")
+    (tmp_path / "pictures" / "dog" / "3.png").write_bytes(b"not an image")
+    window.form.set_value("test_fraction", "0.25")  # another size: read again, and refused
+    qtbot.waitUntil(lambda: "Cannot read the dataset" in preview.text(), timeout=60_000)
+    assert "3.png: cannot be read as an image" in preview.text()
