@@ -19,7 +19,7 @@ def test_the_precheck_service_answers_each_config_in_one_line(tmp_path):
     table.write_text("x,label\n" + "".join(f"{i},{i % 2}\n" for i in range(40)))
     big_delta = RunConfig(name="d", dataset=str(table), noise_multiplier=1.0, delta=0.1, expected_batch_size=4)
     fine = RunConfig(name="ok", dataset="digits", noise_multiplier=1.0, epochs=1)
-    sizes = [{"size_of": c.to_dict()} for c in (big_delta, RunConfig(dataset=str(table), train_subset=10), missing)]
+    sizes = [{"size_of": c.to_dict()} for c in (big_delta, RunConfig(dataset=str(table), train_subset=10, mechanism="none"), missing)]
     lines = "".join(json.dumps(c.to_dict()) + "\n" for c in (missing, big_delta, fine)) + "not json\n"
     lines += "".join(json.dumps(request) + "\n" for request in sizes)
     out = subprocess.run([sys.executable, "-m", "engine.precheck"], input=lines, capture_output=True, text=True,
