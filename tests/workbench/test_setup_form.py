@@ -295,3 +295,21 @@ def test_a_dataset_folder_is_chosen_by_its_own_button_not_as_the_data_directory(
     monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda parent, title, start: str(tmp_path / "data"))
     form.findChild(QPushButton, "chooseDataDir").click()
     assert form.state.texts["data_dir"] == str(tmp_path / "data") and form.state.texts["dataset"] == str(pictures)
+
+
+def test_a_typed_dataset_path_is_read_once_it_stops_changing(form, qtbot, tmp_path):
+    """Each folder on the way to the path exists while it is typed: only the last one is read (the
+    real reader is the pre-run check helper, see test_precheck_window; here a recording stand-in)."""
+    (tmp_path / "a" / "b" / "pictures").mkdir(parents=True)
+    read = []
+    form.size_lookup = lambda config: (read.append(config.dataset), (100, 25))[1]
+    for name, value in dict(noise_multiplier="1.0", target_epsilon="", delta="1e-3", expected_batch_size="10",
+                            epochs="1", model="auto").items():
+        form.set_value(name, value)
+    for part in (tmp_path, tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "pictures"):
+        form.set_value("dataset", str(part))
+    qtbot.waitUntil(lambda: "N 100," in form.preview_label.text(), timeout=20_000)
+    assert read == [str(tmp_path / "a" / "b" / "pictures")]
+    form.set_value("epochs", "2")  # a setting that does not change N: no new read
+    qtbot.waitUntil(lambda: "20 steps" in form.preview_label.text(), timeout=20_000)
+    assert len(read) == 1
