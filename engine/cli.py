@@ -94,13 +94,12 @@ def open_store(db: Path | None, *, create: bool = False):
     context = click.get_current_context(silent=True)
     if context is not None:
         context.meta[STORE_PATH] = path
-    if not create:
-        check_store_path(path)  # a folder, a path under a file: said as such first
-        if problem := empty_file_problem(path.absolute()):
-            raise problem
-    if not create and not path.exists():
-        raise UserError(f"no store at {path.absolute()}: no run was stored there — check the --db path (or "
-                        f"$DPW_DB); dpw run creates the store with its first run")
+    # A folder, a path under a file, another kind of file: said as such by check_store_path. False:
+    # no file there, or an empty one.
+    if not create and not check_store_path(path):
+        raise empty_file_problem(path.absolute()) or UserError(
+            f"no store at {path.absolute()}: no run was stored there — check the --db path (or $DPW_DB); dpw run "
+            "creates the store with its first run")
     return Store(path)
 
 

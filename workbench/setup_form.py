@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from shiboken6 import isValid
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -32,6 +31,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+from shiboken6 import isValid
 
 from engine.config import RunConfig
 from engine.errors import ConfigError, DPWError
@@ -398,7 +398,7 @@ class SetupForm(QWidget):
         if valid:
             config = self.state.config()
             if isinstance(read, DPWError):
-                self.preview.request(None, None, f"Cannot read the dataset: {self._message_of(read)}")
+                self.preview.request(None, None, f"Cannot read the dataset: {self._message(read)}")
             elif size is None and own_data and self.size_lookup is not None:
                 self.preview.request(None, None, "Reading the dataset to state the privacy cost…")
                 self._read_size(own_data, config)
@@ -419,10 +419,8 @@ class SetupForm(QWidget):
                                  + " (listed under the form) to see the privacy cost.")
 
     @staticmethod
-    def _message(error: ConfigError) -> str:
+    def _message(error: DPWError) -> str:
         return error.message + (f" — {error.hint}" if error.hint else "")
-
-    _message_of = _message  # any DPWError: its line and hint
 
     # ---- the size of a file or folder dataset --------------------------------------------------
     def _own_data_key(self) -> tuple | None:

@@ -36,6 +36,10 @@ class TrainingDiverged(DPWError):
     """The loss became NaN or infinite."""
 
 
+#: Below this RDP epsilon every accountant's bound is finite (the PLD grid reaches losses of 600).
+_CLEARLY_FINITE_EPSILON = 100.0
+
+
 @dataclass
 class PrivacyPlan:
     """What the privacy settings imply for this dataset, fixed before the first step."""
@@ -64,10 +68,6 @@ class PrivacyPlan:
         if privacy.dpsgd_epsilon(**kwargs, accountant="rdp").value <= _CLEARLY_FINITE_EPSILON:
             return False
         return math.isinf(privacy.dpsgd_epsilon(**kwargs, accountant=self.accountant).value)
-
-
-#: Below this RDP epsilon every accountant's bound is finite (the PLD grid reaches losses of 600).
-_CLEARLY_FINITE_EPSILON = 100.0
 
 
 @dataclass
