@@ -7,7 +7,8 @@ the store's runs (and the records of deleted runs) by dataset and bounds their t
 - DP-SGD runs whose sample rate, noise multiplier and steps are in the store are composed exactly
   as one privacy event (the PLD of every run's subsampled Gaussian steps on one grid,
   `engine.privacy.pld.pld_epsilon_composed`), at the dataset's delta, with the other Gaussian
-  releases their own epsilons include (DP feature statistics, a private study's noisy scores);
+  releases their own epsilons include (DP feature statistics, a private study's noisy scores),
+  and never below the epsilon any of those runs states for itself;
 - every other run (PATE, deleted runs, rows without those numbers) adds its own (epsilon, delta):
   basic composition, always valid;
 - a non-private run, or one whose noise is reproducible from its published seed, makes the total
@@ -216,6 +217,14 @@ def same_data(keys: list[tuple[str, str | None]]) -> list[int]:
     return [root(i) for i in range(len(keys))]
 
 
+def _own_bounds(entries: list[LedgerEntry], delta: float) -> list[float]:
+    """The epsilons the composed runs state for themselves at `delta` or below. The composed total is
+    never less than any of them: each is an upper bound like the PLD's own, so the larger one is still
+    one, and a total below one of its parts (a run accounted by RDP, or on a coarser grid) reads as an error."""
+    return [e.epsilon for e in entries
+            if e.counted == "composed" and e.epsilon is not None and e.delta is not None and e.delta <= delta]
+
+
 def _total(dataset: str, entries: list[LedgerEntry], delta: float | None) -> DatasetLedger:
     running = [e.run_id for e in entries if e.status == "running" and not e.deleted]
     if any(e.counted == "unbounded" for e in entries):
@@ -228,7 +237,8 @@ def _total(dataset: str, entries: list[LedgerEntry], delta: float | None) -> Dat
     if composed:
         composed_delta = delta if delta is not None else max(e.delta or 0.0 for e in composed)
         gaussians = [g for e in composed for g in e.gaussians]
-        composed_epsilon = pld_epsilon_composed(mechanisms=gaussians, delta=composed_delta).value
+        composed_epsilon = max([pld_epsilon_composed(mechanisms=gaussians, delta=composed_delta).value]
+                               + _own_bounds(composed, composed_delta))
         epsilon += composed_epsilon
         total_delta += composed_delta
     return DatasetLedger(dataset, entries, epsilon, total_delta, composed_epsilon, composed_delta, running)

@@ -199,3 +199,23 @@ def test_dpw_ledger_counts_a_copied_csv_file_with_the_original(tmp_path):
     text_out = CliRunner().invoke(cli, ["ledger", "--db", str(store.path)])
     assert f"{original} (the same data also as {copy}): 2 runs: together (ε = " in text_out.output
     assert f"{other}: 1 run: together" in text_out.output
+
+
+def test_the_total_is_never_below_a_run_it_contains():
+    """A run accounted by RDP states a larger epsilon than the PLD of its steps: both are upper bounds, but
+    a total below one of its parts reads as an error, so the total takes the run's own figure (still an
+    upper bound: any number above a valid bound is one)."""
+    from engine import privacy
+
+    rdp = privacy.dpsgd_epsilon(sample_rate=0.05, noise_multiplier=1.0, steps=100, delta=1e-5, accountant="rdp")
+    pld_alone = pld_epsilon(sample_rate=0.05, noise_multiplier=1.0, steps=100, delta=1e-5).value
+    assert rdp.accountant == "rdp" and rdp.value > pld_alone * 1.05
+    runs = [dpsgd(1, epsilon=rdp.value, accountant="rdp"), dpsgd(2, q=0.001, sigma=5.0, steps=1, epsilon=0.01)]
+    (ledger,) = dataset_ledgers(runs, [])
+    assert ledger.composed_epsilon == pytest.approx(rdp.value, rel=1e-12)
+    assert ledger.epsilon == pytest.approx(rdp.value, rel=1e-12)
+    # a run accounted at a larger delta than the ledger's says nothing at the ledger's delta
+    looser = [dpsgd(1, epsilon=rdp.value, delta=1e-3, accountant="rdp"), dpsgd(2, delta=1e-5)]
+    (ledger,) = dataset_ledgers(looser, [], delta=1e-5)
+    assert ledger.epsilon == pytest.approx(
+        pld_epsilon(sample_rate=0.05, noise_multiplier=1.0, steps=200, delta=1e-5).value, rel=1e-6)
