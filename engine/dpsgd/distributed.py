@@ -142,7 +142,7 @@ class DataParallel:
         return bool(flag.item() > 0)
 
     def noisy_total(self, summed: list[torch.Tensor], loss_sum: torch.Tensor, batch_size: int,
-                    add_noise: Callable[[list[torch.Tensor]], list[torch.Tensor]]) -> tuple[list[torch.Tensor], float]:
+                    add_noise: Callable[[list[torch.Tensor]], list[torch.Tensor]]) -> tuple[list[torch.Tensor], torch.Tensor]:
         """All-reduce the clipped sums (with the loss sum and batch size); rank 0 adds the noise once
         and broadcasts the noisy total. Returns (noisy sums, global loss sum); sets `last_batch_size`."""
         flat = torch.cat([s.reshape(-1) for s in summed]
@@ -154,7 +154,7 @@ class DataParallel:
         noisy_flat = (torch.cat([n.reshape(-1) for n in add_noise(totals)]) if self.reports
                       else torch.empty(flat.numel() - 2, dtype=flat.dtype, device=flat.device))
         self._collective(lambda: dist.broadcast(noisy_flat, src=0), "receiving the noisy gradient from rank 0")
-        return _unflatten(noisy_flat, summed), float(extras[0])
+        return _unflatten(noisy_flat, summed), extras[0]
 
     def _collective(self, call: Callable[[], Any], doing: str) -> Any:
         try:

@@ -204,8 +204,9 @@ class DPSGDStep:
         self.canaries = canaries
         self.data_parallel = data_parallel  # engine.dpsgd.distributed.DataParallel, or None
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        """Update the model; returns the sum of the batch's per-example losses."""
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Update the model; returns the sum of the batch's per-example losses, a 0-d tensor on the
+        model's device (not read here: reading it would make the host wait for the GPU every step)."""
         loss_sum = torch.zeros((), device=x.device)
         summed = [torch.zeros_like(p) for p in self.params]
         for start in range(0, x.shape[0], self.max_physical_batch_size):
@@ -228,7 +229,7 @@ class DPSGDStep:
         for p, g in zip(self.params, noisy):
             p.grad = g / self.expected_batch_size
         self.optimizer.step()
-        return float(loss_sum)
+        return loss_sum
 
     def close(self) -> None:
         if isinstance(self.clipped_sum, GraphedClippedSum):
@@ -243,12 +244,13 @@ class NonPrivateStep:
         self.model = model
         self.optimizer = optimizer
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float:
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Update the model; returns the batch's loss sum as a 0-d tensor (as DPSGDStep)."""
         self.optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(self.model(x), y)
         loss.backward()
         self.optimizer.step()
-        return float(loss.detach()) * x.shape[0]
+        return loss.detach() * x.shape[0]
 
     def close(self) -> None:
         pass
@@ -286,8 +288,9 @@ def train(
         x_train, y_train = canaries.join(x_train, y_train)
     pool = x_train.shape[0]  # what batches are drawn from: the data and any included input canaries
     if plan.private:
-        sampler_gen = private.torch_generator(data_parallel.sampling_purpose if data_parallel else "poisson_sampling",
-                                              device)
+        # Batches are drawn on the CPU even for a GPU run: a draw on the GPU needs its count on the host
+        # (nonzero), which waits for the previous step to finish and so stalls the GPU's queue every step.
+        sampler_gen = private.torch_generator(data_parallel.sampling_purpose if data_parallel else "poisson_sampling")
         step_fn = DPSGDStep(
             model,
             optimizer,
@@ -322,6 +325,7 @@ def train(
     last_progress = 0.0
     shuffled = None
     evaluated_at = -1
+    losses = _LossReport(emit, steps_per_epoch)
 
     emit("progress", phase="training", done=0, total=total)
     while step < total:
@@ -337,7 +341,7 @@ def train(
             )
             break
         if plan.private:
-            idx = mechanism.poisson_sample(pool, plan.sample_rate, sampler_gen, device)
+            idx = mechanism.poisson_sample(pool, plan.sample_rate, sampler_gen).to(device, non_blocking=True)
         else:
             # Non-private baseline: shuffled fixed-size batches.
             offset = (step * config.expected_batch_size) % pool
@@ -349,21 +353,17 @@ def train(
                 group["lr"] = learning_rate_at(config, step, min(total, plan.steps_allowed))
         loss_sum = step_fn(x_train[idx], y_train[idx])
         batch_size = int(idx.numel()) if data_parallel is None else data_parallel.last_batch_size
-        if not math.isfinite(loss_sum):
-            raise TrainingDiverged(
-                f"training diverged: the loss became {loss_sum} at step {step + 1}",
-                hint="lower the learning_rate (and check the data for extreme values)",
-            )
         step += 1
         samples += batch_size
         epoch = step / steps_per_epoch
-        if batch_size:
-            emit("metric", step=step, epoch=round(epoch, 5), name="train_loss", value=loss_sum / batch_size)
         if live is not None:
             live.step()
             eps = live.epsilon()
             emit("privacy", step=step, epsilon=eps.value, delta=eps.delta, accountant=eps.accountant)
+        losses.report_previous()  # the step before: the GPU may still finish it, but this one is queued behind it
+        losses.hold(step, batch_size, loss_sum)
         if step % eval_every == 0 or step == total or step >= plan.steps_allowed:
+            losses.report_previous()
             accuracy, test_loss = _evaluate_and_report(model, x_test, y_test, step, epoch, live, plan, emit)
             evaluated_at = step
         now = time.monotonic()
@@ -371,6 +371,7 @@ def train(
             emit("progress", phase="training", done=step, total=total)
             last_progress = now
 
+    losses.report_previous()
     if evaluated_at != step or accuracy is None:
         accuracy, test_loss = _evaluate_and_report(
             model, x_test, y_test, step, step / steps_per_epoch, live, plan, emit
@@ -393,6 +394,34 @@ def train(
         samples_processed=samples,
         extra=extra,
     )
+
+
+class _LossReport:
+    """Each step's training loss, read and emitted one step late: on a GPU, reading a step's loss right
+    after launching it would make the host wait for the whole step before it could launch the next.
+    A loss that is NaN or infinite ends the run (TrainingDiverged) naming the step it came from."""
+
+    def __init__(self, emit: Emit, steps_per_epoch: float):
+        self.emit = emit
+        self.steps_per_epoch = steps_per_epoch
+        self.held: tuple[int, int, torch.Tensor] | None = None
+
+    def hold(self, step: int, batch_size: int, loss_sum: torch.Tensor) -> None:
+        self.held = (step, batch_size, loss_sum)
+
+    def report_previous(self) -> None:
+        if self.held is None:
+            return
+        (step, batch_size, loss_sum), self.held = self.held, None
+        value = float(loss_sum)
+        if not math.isfinite(value):
+            raise TrainingDiverged(
+                f"training diverged: the loss became {value} at step {step}",
+                hint="lower the learning_rate (and check the data for extreme values)",
+            )
+        if batch_size:
+            self.emit("metric", step=step, epoch=round(step / self.steps_per_epoch, 5), name="train_loss",
+                      value=value / batch_size)
 
 
 def _draw_canaries(config: RunConfig, plan: PrivacyPlan, private: PrivateRandomness | None, *, x_train, num_classes,

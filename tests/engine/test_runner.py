@@ -127,7 +127,7 @@ def test_sigterm_mid_run_leaves_a_consistent_stopped_run(tmp_path, mnist_dir):
 def test_killed_runner_is_reported_as_failed_with_its_steps_kept(tmp_path, mnist_dir):
     store, run_id = queue(tmp_path, **mnist_config(mnist_dir, train_subset=10000, expected_batch_size=50, epochs=5))
     proc = start_runner(store.path, run_id)
-    read_events_until(proc, lambda e: e["type"] == "privacy" and e["step"] >= 3)
+    read_events_until(proc, lambda e: e["type"] == "metric" and e["name"] == "train_loss" and e["step"] >= 3)
     proc.kill()
     proc.wait(timeout=30)
     runs = {r["id"]: r for r in Store(store.path).list_runs()}

@@ -1,9 +1,13 @@
 """The training loop in-process on built-in data: reproducible (with reproducible_noise), non-private
 baseline, chunking. Secret-noise runs differing from each other: tests/engine/test_randomness.py."""
 
+import math
+
+import pytest
 import torch
 
 from engine.config import RunConfig
+from engine.dpsgd.trainer import TrainingDiverged
 from engine.runs import prepare
 
 
@@ -97,3 +101,33 @@ def test_cosine_schedule_reaches_the_optimizer():
         return sum(float((w.detach() - before[n]).norm()) for n, w in prepared.model.named_parameters())
 
     assert last_step_change("cosine") < 0.05 * last_step_change("constant")
+
+
+def test_every_step_reports_its_training_loss_once_in_step_order():
+    """Losses are read one step late (no GPU wait per step): still one per step, the last one included,
+    each before that step's test metrics; a stop after step 5 still reports step 5."""
+    result, losses, events, _ = run_losses(**BASE)
+    loss_steps = [e["step"] for e in events if e["type"] == "metric" and e["name"] == "train_loss"]
+    assert loss_steps == list(range(1, result.steps_done + 1)) and all(math.isfinite(v) for v in losses)
+    metrics = [(e["step"], e["name"]) for e in events if e["type"] == "metric"]
+    for i, (step, name) in enumerate(metrics):
+        if name == "test_accuracy":
+            assert (step, "train_loss") in metrics[:i]
+
+    calls = iter(range(1000))
+    events = []
+    prepared = prepare(RunConfig(**BASE), emit=lambda t, **p: events.append({"type": t, **p}))
+    stopped = prepared.train(should_stop=lambda: next(calls) >= 5)
+    assert stopped.stop_reason == "stopped" and stopped.steps_done == 5
+    assert [e["step"] for e in events if e["type"] == "metric" and e["name"] == "train_loss"] == [1, 2, 3, 4, 5]
+
+
+def test_a_loss_that_becomes_nan_fails_the_run_naming_its_step_with_every_step_taken_accounted():
+    events = []
+    prepared = prepare(RunConfig(**BASE), emit=lambda t, **p: events.append({"type": t, **p}))
+    prepared.data.x_train[3:] = float("nan")  # every batch of more than 3 rows meets a NaN
+    with pytest.raises(TrainingDiverged, match=r"the loss became nan at step 1\b"):
+        prepared.train()
+    assert not [e for e in events if e["type"] == "metric" and e["name"] == "train_loss"]
+    # step 2 ran before step 1's loss was read: it is accounted (its privacy event was emitted)
+    assert [e["step"] for e in events if e["type"] == "privacy"] == [1, 2]
