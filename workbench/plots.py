@@ -4,6 +4,7 @@ read-out of exact values, an optional log axis, and export of the picture (PNG/S
 from __future__ import annotations
 
 import csv
+import html
 import math
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import numpy as np
 import pyqtgraph as pg
 import pyqtgraph.exporters  # noqa: F401  (registers pg.exporters)
 from PySide6.QtCore import QEvent, QPointF, QRect, QSize, Qt, QTimer
-from PySide6.QtGui import QColor, QPainter, QPalette
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPalette
 from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QApplication, QFileDialog, QMenu
 
@@ -28,6 +29,7 @@ ACCOUNTANT_COLOURS = {"pld": 4, "rdp": 5, "prv": 9, "gdp": 8, "pate-di": 4, "pat
                       "publishable": 4}
 MIN_RANGE = 1e-3  # the smallest span an axis shows
 HOVER_RADIUS_PX = 20  # the read-out names the nearest point within this many pixels
+TITLE_MARGIN_PX = 24  # room kept beside a plot's title: a longer one goes on to a second line
 
 
 def colour(index: int) -> QColor:
@@ -53,6 +55,17 @@ def palette_colours() -> tuple[QColor, QColor]:
     return palette.color(QPalette.ColorRole.Base), palette.color(QPalette.ColorRole.Text)
 
 
+def wrapped(text: str, metrics: QFontMetrics, width: int) -> list[str]:
+    """`text` in lines of whole words no wider than `width` pixels (a word wider than that alone on its line)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and metrics.horizontalAdvance(f"{lines[-1]} {word}") <= width:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    return lines or [text]
+
+
 class Plot(pg.PlotWidget):
     """A plot with palette colours, axis labels, a legend and a grid; re-coloured on palette change."""
 
@@ -64,6 +77,7 @@ class Plot(pg.PlotWidget):
         super().__init__(parent=parent)
         del self.clear  # PlotWidget binds PlotItem.clear to each instance; Plot.clear keeps the read-out
         self._title = title
+        self.title_lines: list[str] = []  # the title as shown, line by line
         self.log_axis_offered = log_axis
         self.y_bounds = y_bounds
         self.log_y = False
@@ -116,8 +130,7 @@ class Plot(pg.PlotWidget):
             axis = item.getAxis(name)
             axis.setPen(pg.mkPen(foreground))
             axis.setTextPen(pg.mkPen(foreground))
-        if self._title:
-            item.setTitle(self._title, color=foreground.name())
+        self._show_title(recolour=True)
         if self.legend is not None:
             self.legend.setLabelTextColor(foreground)
             self.legend.setBrush(pg.mkBrush(background))
@@ -129,6 +142,7 @@ class Plot(pg.PlotWidget):
         super().resizeEvent(event)
         if not self.closed:  # close() deletes the scene's items, then resizes the view
             self._fit_legend()
+            self._show_title()
 
     def _fit_legend(self) -> None:
         """As many legend entries side by side as the width takes (a wider legend would widen the
@@ -197,7 +211,23 @@ class Plot(pg.PlotWidget):
 
     def set_title(self, title: str) -> None:
         self._title = title
-        self.getPlotItem().setTitle(title, color=palette_colours()[1].name())
+        self._show_title()
+
+    def _show_title(self, *, recolour: bool = False) -> None:
+        """The title, wrapped onto more lines where the plot is too narrow for it in one (a cut title
+        lost its end, e.g. the "not in ε" of the PATE teachers' accuracies at 1,100 px)."""
+        if not getattr(self, "_title", ""):  # (also while pyqtgraph's constructor resizes the view)
+            return
+        label = self.getPlotItem().titleLabel
+        font = QFont(label.item.font())
+        size = str(label.opts.get("size") or "")
+        if size.endswith("pt"):  # the title's HTML sets its size (pyqtgraph: 11pt), not the item's font
+            font.setPointSizeF(float(size[:-2]))
+        lines = wrapped(self._title, QFontMetrics(font), max(40, self.width() - TITLE_MARGIN_PX))
+        shown = "<br>".join(html.escape(line) for line in lines)
+        if recolour or lines != self.title_lines:
+            self.title_lines = lines
+            self.getPlotItem().setTitle(shown, color=palette_colours()[1].name())
 
     def _title_never_widens(self) -> None:
         """pyqtgraph makes a title's text width the plot's minimum width (LabelItem.updateMin, on every

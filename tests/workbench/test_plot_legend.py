@@ -58,3 +58,23 @@ def test_a_long_title_never_widens_the_plot_past_its_place(qtbot):
     plot.resize(280, 300)
     qtbot.wait(100)
     assert plot.getPlotItem().geometry().width() <= plot.width() + 1
+
+
+def test_a_title_too_long_for_the_plot_goes_on_to_more_lines_whole(qtbot):
+    """A cut title lost its end: the PATE teachers' "(private, not in ε)" at a window 1,100 px wide."""
+    title = "Teachers (private, not in ε)"
+    plot = Plot(title, "teacher", "held-out accuracy")
+    qtbot.addWidget(plot)
+    plot.resize(900, 300)
+    plot.show()
+    qtbot.wait(50)
+    assert plot.title_lines == [title]
+    plot.resize(150, 300)
+    qtbot.wait(50)
+    assert len(plot.title_lines) > 1 and " ".join(plot.title_lines) == title
+    label = plot.getPlotItem().titleLabel
+    assert label.item.boundingRect().width() <= plot.width()  # every line fits
+    assert label.text.count("<br>") == len(plot.title_lines) - 1
+    plot.resize(900, 300)
+    qtbot.wait(50)
+    assert plot.title_lines == [title]
