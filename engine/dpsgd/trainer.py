@@ -288,9 +288,8 @@ def train(
         x_train, y_train = canaries.join(x_train, y_train)
     pool = x_train.shape[0]  # what batches are drawn from: the data and any included input canaries
     if plan.private:
-        # Batches are drawn on the CPU even for a GPU run: a draw on the GPU needs its count on the host
-        # (nonzero), which waits for the previous step to finish and so stalls the GPU's queue every step.
-        sampler_gen = private.torch_generator(data_parallel.sampling_purpose if data_parallel else "poisson_sampling")
+        sampler_gen = private.torch_generator(data_parallel.sampling_purpose if data_parallel else "poisson_sampling",
+                                              device)
         step_fn = DPSGDStep(
             model,
             optimizer,
@@ -341,7 +340,8 @@ def train(
             )
             break
         if plan.private:
-            idx = mechanism.poisson_sample(pool, plan.sample_rate, sampler_gen).to(device, non_blocking=True)
+            # (on a GPU the draw's count comes back to the host: that waits for the step before to finish)
+            idx = mechanism.poisson_sample(pool, plan.sample_rate, sampler_gen, device)
         else:
             # Non-private baseline: shuffled fixed-size batches.
             offset = (step * config.expected_batch_size) % pool
