@@ -223,11 +223,14 @@ class Plot(pg.PlotWidget):
         size = str(label.opts.get("size") or "")
         if size.endswith("pt"):  # the title's HTML sets its size (pyqtgraph: 11pt), not the item's font
             font.setPointSizeF(float(size[:-2]))
-        lines = wrapped(self._title, QFontMetrics(font), max(40, self.width() - TITLE_MARGIN_PX))
-        shown = "<br>".join(html.escape(line) for line in lines)
+        # pyqtgraph puts the title over the view box alone: the room is the plot's width less its value axis
+        room = self.width() - self.getPlotItem().getAxis("left").width() - TITLE_MARGIN_PX
+        lines = wrapped(self._title, QFontMetrics(font), max(40, int(room)))
         if recolour or lines != self.title_lines:
             self.title_lines = lines
-            self.getPlotItem().setTitle(shown, color=palette_colours()[1].name())
+            self.getPlotItem().setTitle("<br>".join(html.escape(line) for line in lines),
+                                        color=palette_colours()[1].name())
+            label.setMaximumHeight(30 + QFontMetrics(font).lineSpacing() * (len(lines) - 1))  # (setTitle: 30 px)
 
     def _title_never_widens(self) -> None:
         """pyqtgraph makes a title's text width the plot's minimum width (LabelItem.updateMin, on every
