@@ -182,7 +182,44 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
     status = follow_runner(store.path, run_id, as_json=as_json, store=store, launch=launch, summary_follows=True)
     run_row = store.get_run(run_id)
     if not as_json:
-        print_summary(run_row)
+        print_summary(run_row, store=store)
+    if status == "failed":
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("run_ref")
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print the events as JSON lines instead of a progress bar.")
+def resume(run_ref: str, db: Path | None, as_json: bool) -> None:
+    """Continue a stopped or failed DP-SGD run from its last checkpoint, as a new run.
+
+    A run keeps a checkpoint at every evaluation and when training ends. The new run takes the same
+    config and data, starts at the checkpoint's step and trains the steps left. Its epsilon is that of
+    all the steps its model took (both runs' together); the dataset's ledger counts the first run's
+    steps with it and the new run's own steps with the new run.
+
+    \b
+    Example: dpw resume 12
+    """
+    from engine.config import RunConfig
+    from engine.precheck import check_before_storing
+    from engine.runner import check_continues, resumable
+
+    store = open_store(db)
+    store.reconcile_orphans()  # a run whose runner was killed is marked failed before it is judged
+    parent = store.find_run(run_ref)
+    parent, checkpoint = resumable(store, parent["id"])
+    store.check_writable()
+    config = RunConfig.from_dict(parent["config"])
+    check_continues(parent, check_before_storing(config))  # the same data, sample rate and noise
+    run_id = store.create_run(config, resumed_from=parent["id"])
+    if not as_json:
+        click.echo(f"run {run_id}: continues run {parent['id']} ({parent['name']}) from step {checkpoint['step']} "
+                   f"of {parent.get('steps_planned') or '?'}")
+    status = follow_runner(store.path, run_id, as_json=as_json, store=store, summary_follows=True)
+    if not as_json:
+        print_summary(store.get_run(run_id), store=store)
     if status == "failed":
         sys.exit(1)
 
@@ -423,10 +460,14 @@ def echo_json(value: Any, **dumps: Any) -> None:
     click.echo(json.dumps(to_json_safe(value), allow_nan=False, **dumps))
 
 
-def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = False) -> None:
+def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = False, store: Any = None) -> None:
+    """The run in a few lines; with `store`, a stopped or failed run that can be continued says how."""
     from engine.publication import NO_FINITE_BOUND_STATEMENT, NO_GUARANTEE_STATEMENT, NOT_PUBLISHABLE, publishable_epsilon
 
     lines = [f"run {run_row['id']} ({run_row['name']}): {run_row['status']}"]
+    if run_row.get("resumed_from") is not None:
+        lines.append(f"  continued      from run {run_row['resumed_from']} at step {run_row.get('steps_resumed') or '?'} "
+                     "(ε covers every step of both)")
     if run_row.get("stop_reason") == "budget":
         lines.append("  stopped at the epsilon budget")
     if run_row.get("accuracy") is not None:
@@ -481,8 +522,19 @@ def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = Fals
         lines.append(f"  error          {run_row['error']}")
         if run_row.get("error_hint"):
             lines.append(f"  hint           {run_row['error_hint']}")
+    if store is not None and continuable(store, run_row):
+        lines.append(f"  continue       dpw resume {run_row['id']} (from its last checkpoint)")
     lines.append(f"  details        dpw show {run_row['id']}")
     click.echo("\n".join(lines))
+
+
+def continuable(store: Any, run_row: dict[str, Any]) -> bool:
+    """A stopped or failed run that `dpw resume` can continue: the kind of run, and a checkpoint kept."""
+    from engine.checkpoint import CHECKPOINT_FILE, resume_problem
+    from engine.runner import artifacts_dir
+
+    return (resume_problem(run_row) is None and not store.continued_by(run_row["id"])
+            and (artifacts_dir(store, run_row["id"]) / CHECKPOINT_FILE).is_file())
 
 
 def membership_line(summary: dict[str, Any], run_id: int) -> str | None:
@@ -642,7 +694,7 @@ def show(run_ref: str, db: Path | None, as_json: bool, include_teacher_stats: bo
         echo_json(info, indent=1, default=str)
         return
     run_row = info["run"]
-    print_summary(run_row, include_teacher_stats=include_teacher_stats)
+    print_summary(run_row, include_teacher_stats=include_teacher_stats, store=store)
     click.echo(f"  config hash    {run_row['config_hash']}")
     if run_row.get("tags"):
         click.echo(f"  tags           {', '.join(run_row['tags'])}")

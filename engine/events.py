@@ -5,7 +5,8 @@ and a payload that depends on the type:
 
 | type       | payload                                                               |
 |------------|-----------------------------------------------------------------------|
-| started    | name, mechanism, dataset, config (dict), config_hash                  |
+| started    | name, mechanism, dataset, config (dict), config_hash; a run continued |
+|            | from another's checkpoint: resumed_from (run id), from_step           |
 | plan       | model, device, num_train, num_test, input_shape, num_classes,         |
 |            | dataset_fingerprint, normalization, sample_rate, steps,               |
 |            | steps_allowed, noise_multiplier, noise_calibrated, delta, accountant, |

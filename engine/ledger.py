@@ -9,6 +9,8 @@ the store's runs (and the records of deleted runs) by dataset and bounds their t
   `engine.privacy.pld.pld_epsilon_composed`), at the dataset's delta, with the other Gaussian
   releases their own epsilons include (DP feature statistics, a private study's noisy scores),
   and never below the epsilon any of those runs states for itself;
+- a run continued from another's checkpoint (engine.checkpoint) adds only its own steps: the steps
+  before are the first run's, counted with it (its own epsilon covers both, as its model took both);
 - every other run (PATE, deleted runs, rows without those numbers) adds its own (epsilon, delta):
   basic composition, always valid;
 - a non-private run, or one whose noise is reproducible from its published seed, makes the total
@@ -133,9 +135,13 @@ def live_entry(run: dict[str, Any]) -> LedgerEntry:
                            why="its noise is reproducible from the published seed")
     eps = run_epsilon(run)
     q, sigma, steps = run.get("sample_rate"), run.get("noise_multiplier"), run.get("steps_done")
+    why = ""
+    if steps and run.get("steps_resumed"):  # continued from another run's checkpoint: those steps are counted there
+        steps = max(0, int(steps) - int(run["steps_resumed"]))
+        why = f"its steps after {run['steps_resumed']} (those before are run {run.get('resumed_from')}'s)"
     if run.get("mechanism") == "dpsgd" and q and sigma and steps:
         training = (SubsampledGaussian(float(q), float(sigma), int(steps)),)
-        return LedgerEntry(**common, epsilon=eps.value, delta=eps.delta, accountant=eps.accountant,
+        return LedgerEntry(**common, epsilon=eps.value, delta=eps.delta, accountant=eps.accountant, why=why,
                            counted="composed", gaussians=training + _released_statistics(run) + _study_score(run))
     if eps.value is None or (run.get("mechanism") == "dpsgd" and not steps):
         return LedgerEntry(**common, epsilon=None, delta=None, accountant=None, counted="none",

@@ -13,11 +13,12 @@ from __future__ import annotations
 from engine.config import RunConfig
 
 
-def check_before_storing(config: RunConfig) -> None:
-    """Raise the engine's DPWError (one line, with a hint) if `config` would fail before training."""
+def check_before_storing(config: RunConfig):
+    """Raise the engine's DPWError (one line, with a hint) if `config` would fail before training;
+    returns the prepared run (its data and plan), untrained."""
     from engine.runs import prepare
 
-    prepare(config)
+    return prepare(config)
 
 
 def data_size(config: RunConfig) -> dict:

@@ -104,6 +104,10 @@ def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
     processes = distributed_statement(run)
     if processes:
         statement += " " + processes
+    if run.get("resumed_from") is not None and run.get("steps_resumed"):
+        statement += (f" This run continued run {run['resumed_from']} from its checkpoint at step "
+                      f"{run['steps_resumed']}: epsilon covers all {run.get('steps_done')} steps the model took, "
+                      "in both runs.")
     if eps.note:
         statement += f" Tuning study: {eps.note}."
     if not math.isfinite(value):
@@ -345,6 +349,8 @@ def build_report(store: Store, run_ref: str | int, *, include_votes: bool = Fals
             and bool(config.get("target_attack_tpr")),
             "steps": run.get("steps_done"),
             "steps_planned": run.get("steps_planned"),
+            "continued_from_run": run.get("resumed_from"),
+            "steps_in_that_run": run.get("steps_resumed"),
             "epochs": run.get("epochs_done"),
             "optimizer": config.get("optimizer"),
             "learning_rate": config.get("learning_rate"),

@@ -27,6 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from engine.checkpoint import CHECKPOINT_FILE, CannotResume, load_checkpoint, resume_problem
 from engine.config import RunConfig
 from engine.errors import DPWError, explain
 from engine.events import EventWriter
@@ -111,14 +112,28 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
         config = RunConfig.from_dict(run["config"])
         if data_parallel is not None:
             data_parallel.share(config)
+        resume = parent = None
+        if run.get("resumed_from") is not None:
+            phase = "reading the checkpoint"
+            parent, resume = resumable(store, run["resumed_from"], for_run=run_id)
+            store.update_run(run_id, steps_resumed=resume["step"])
         emit("started", name=config.name, mechanism=config.mechanism, dataset=config.dataset,
-             config=config.to_dict(), config_hash=config.config_hash())
+             config=config.to_dict(), config_hash=config.config_hash(),
+             **({"resumed_from": parent["id"], "from_step": resume["step"]} if resume is not None else {}))
         phase = "loading the data"
         emit("progress", phase="loading", done=0, total=1)
-        from engine.runs import prepare, store_votes
+        from engine.runs import PreparedRun, prepare, store_votes
 
         prepared = prepare(config, emit=emit, data_parallel=data_parallel)
         store_votes(prepared, store, run_id)
+        if isinstance(prepared, PreparedRun) and data_parallel is None:
+            prepared.checkpoint_path = artifacts_dir(store, run_id) / CHECKPOINT_FILE
+            if resume is not None:
+                check_continues(parent, prepared)
+                prepared.resume = resume
+        elif resume is not None:
+            raise CannotResume(f"run {parent['id']} cannot be continued in this way (one process, DP-SGD or "
+                               "non-private)")
         phase = "training"
         if stop():
             result = None
@@ -132,6 +147,35 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
         return status
     except Exception as exc:  # every failure is recorded; the store stays consistent
         return record_failure(store, run_id, writer, exc, where=phase, prepared=prepared, result=result)
+
+
+def resumable(store: Store, parent_id: int, *, for_run: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run to continue and its checkpoint, or CannotResume saying why not (`dpw resume` asks this
+    before it stores a run; the runner asks again)."""
+    parent = store.get_run(parent_id)
+    problem = resume_problem(parent)
+    if problem:
+        raise CannotResume(problem, hint="start a new run instead")
+    later = [i for i in store.continued_by(parent_id) if i != for_run]
+    if later:
+        raise CannotResume(f"run {parent_id} was already continued by run {later[-1]}: continuing it again "
+                           "would spend privacy on the same steps twice", hint=f"continue run {later[-1]} instead")
+    return parent, load_checkpoint(artifacts_dir(store, parent_id) / CHECKPOINT_FILE)
+
+
+def check_continues(parent: dict[str, Any], prepared: Any) -> None:
+    """The continued run trains on the first run's data with its sample rate and noise: otherwise its
+    steps would not be the same mechanism continued, and its epsilon would not be one run's."""
+    ref = f"run {parent['id']}"
+    if parent.get("dataset_fingerprint") and parent["dataset_fingerprint"] != prepared.data.fingerprint:
+        raise CannotResume(f"the dataset's contents changed since {ref} (another fingerprint)",
+                           hint="continue only on the same data; start a new run for the new data")
+    plan = prepared.plan
+    for name, now, then in (("sample rate", plan.sample_rate, parent.get("sample_rate")),
+                            ("noise multiplier", plan.noise_multiplier, parent.get("noise_multiplier"))):
+        if then is not None and (now is None or abs(float(now) - float(then)) > 1e-12 * max(1.0, abs(float(then)))):
+            raise CannotResume(f"the {name} is now {now} but {ref} trained with {then}",
+                               hint="continue only with the first run's settings and data")
 
 
 def record_failure(store: Store, run_id: int, writer: EventWriter, exc: Exception, *, where: str,

@@ -42,13 +42,15 @@ class PreparedRun:
     emit: Emit
     data_parallel: Any = None  # engine.dpsgd.distributed.DataParallel in a `--nproc` run
     parameters_identical: bool | None = None  # a distributed run: every rank ended with the same weights
+    checkpoint_path: Path | None = None  # where a one-process run keeps its checkpoint (engine.checkpoint)
+    resume: dict[str, Any] | None = None  # the checkpoint a continued run starts from
 
     def train(self, should_stop: Callable[[], bool] = lambda: False) -> trainer.TrainResult:
         parallel = self.data_parallel
         if parallel is None:
             return trainer.train(
                 self.model, self.data, self.config, self.plan, device=self.device, emit=self.emit,
-                should_stop=should_stop
+                should_stop=should_stop, checkpoint_path=self.checkpoint_path, resume=self.resume,
             )
         parallel.broadcast_parameters(self.model)
         result = trainer.train(

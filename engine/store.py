@@ -32,7 +32,7 @@ from engine.events import loads, to_json_safe
 from engine.publication import run_epsilon
 from engine.store_files import abandon, empty_old_wal, replaced, store_files
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 STATUSES = ("queued", "running", "finished", "stopped", "failed")
 BUSY_TIMEOUT_S = 120  # a writer waits this long for another's write lock (a backup, an sqlite3 shell)
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -148,7 +148,14 @@ def _migration_5(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5]
+def _migration_6(db: sqlite_utils.Database) -> None:
+    # A run continued from another's checkpoint (engine.checkpoint): which run, and how many of its
+    # steps_done were that run's (the ledger counts them there, not twice).
+    _add_column(db, "runs", "resumed_from", "INTEGER")
+    _add_column(db, "runs", "steps_resumed", "INTEGER")
+
+
+MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6]
 RUN_COLUMNS_NEEDED = {"id", "name", "status", "config"}  # a `runs` table without these is not ours
 
 
@@ -373,10 +380,11 @@ class Store:
         self._checked = True
 
     # ---- runs -------------------------------------------------------------------------------
-    def create_run(self, config: Any) -> int:
+    def create_run(self, config: Any, *, resumed_from: int | None = None) -> int:
         """Store a config as a new queued run; `config` is a RunConfig. The id is allocated inside the
         write transaction, so concurrent creators get distinct ids. The run records this process as
-        its owner until a runner takes it over (`assign_runner`, `mark_running`)."""
+        its owner until a runner takes it over (`assign_runner`, `mark_running`). `resumed_from`: the
+        run whose checkpoint it continues (engine.checkpoint)."""
         row = {
             "name": config.name,
             "mechanism": config.mechanism,
@@ -391,9 +399,16 @@ class Store:
             "pid": os.getpid(),
             "host": socket.gethostname(),
         }
+        if resumed_from is not None:
+            row["resumed_from"] = int(resumed_from)
         with self._write():
             row["id"] = self._next_run_id()
             return self.db["runs"].insert(row).last_pk
+
+    def continued_by(self, run_id: int) -> list[int]:
+        """The runs that continue `run_id` from its checkpoint (engine.checkpoint)."""
+        return [row[0] for row in self.db.conn.execute("select id from runs where resumed_from = ? order by id",
+                                                        [run_id])]
 
     def _next_run_id(self) -> int:
         """One more than any id ever used here, deleted runs included (ids are never reused)."""

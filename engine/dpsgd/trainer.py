@@ -12,6 +12,7 @@ import functools
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -22,6 +23,7 @@ from engine import privacy
 from engine.config import RunConfig
 from engine.datasets import Dataset
 from engine.errors import ConfigError, DPWError
+from engine.checkpoint import apply_checkpoint, save_checkpoint
 from engine.dpsgd import mechanism
 from engine.dpsgd.canaries import GradientCanaries, InputCanaries
 from engine.dpsgd.cuda_graphs import GraphedClippedSum, clipped_sum_for
@@ -266,13 +268,17 @@ def train(
     emit: Emit,
     should_stop: Callable[[], bool] = lambda: False,
     data_parallel: Any = None,
+    checkpoint_path: Path | None = None,
+    resume: dict[str, Any] | None = None,
 ) -> TrainResult:
     """Train `model` on `data` under `plan`, emitting metric/privacy/progress events.
 
     `config.seed` fixes the initial weights and the non-private baseline's order; a private run's
     Poisson sampling and noise come from the run's private randomness (engine.randomness).
     With `audit_canaries`, the canaries ride along (engine.dpsgd.canaries) and the result's
-    `extra["canaries"]` holds the audit's counts and epsilon lower bound."""
+    `extra["canaries"]` holds the audit's counts and epsilon lower bound. With `checkpoint_path`, a
+    checkpoint is written there at every evaluation and when training ends (engine.checkpoint); with
+    `resume` (a loaded checkpoint) training continues from its step, its steps counted in epsilon."""
     torch.manual_seed(config.seed)
     accelerate_model(model.to(device).train())
     x_train, y_train = data.x_train.to(device), data.y_train.to(device)
@@ -281,6 +287,8 @@ def train(
     n = x_train.shape[0] if data_parallel is None else data_parallel.num_train
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(config, params)
+    if resume is not None:
+        apply_checkpoint(resume, model, optimizer)
     private = PrivateRandomness.for_run(config) if plan.private or config.audit_canaries else None
     canaries = _draw_canaries(config, plan, private, x_train=x_train, num_classes=data.num_classes,
                               params=params, device=device, emit=emit)
@@ -317,14 +325,30 @@ def train(
     eval_every = max(1, round(steps_per_epoch / config.evaluations_per_epoch))
     total = plan.steps_planned
     stop_reason = "completed"
-    step = 0
-    samples = 0
+    step = resume["step"] if resume is not None else 0
+    samples = 0  # this run's own (its throughput)
+    if live is not None:
+        live.step(step)  # the steps the checkpoint's model already took
     accuracy = test_loss = None
     t0 = time.monotonic()
     last_progress = 0.0
     shuffled = None
     evaluated_at = -1
     losses = _LossReport(emit, steps_per_epoch)
+
+    checkpoints = {"path": checkpoint_path}
+
+    def save_checkpoint_now() -> None:
+        """A checkpoint that cannot be written (full disk, a file where its folder goes) never ends the
+        run: it is said once, and the run goes on without them."""
+        if checkpoints["path"] is None:
+            return
+        try:
+            save_checkpoint(checkpoints["path"], model=model, optimizer=optimizer, step=step)
+        except (OSError, RuntimeError) as exc:
+            checkpoints["path"] = None
+            emit("warning", message=f"no checkpoint kept at {checkpoint_path} ({exc}): if this run ends early it "
+                 "cannot be continued with dpw resume")
 
     emit("progress", phase="training", done=0, total=total)
     while step < total:
@@ -366,6 +390,7 @@ def train(
             losses.report_previous()
             accuracy, test_loss = _evaluate_and_report(model, x_test, y_test, step, epoch, live, plan, emit)
             evaluated_at = step
+            save_checkpoint_now()
         now = time.monotonic()
         if now - last_progress > 0.5 or step == total:
             emit("progress", phase="training", done=step, total=total)
@@ -376,6 +401,7 @@ def train(
         accuracy, test_loss = _evaluate_and_report(
             model, x_test, y_test, step, step / steps_per_epoch, live, plan, emit
         )
+        save_checkpoint_now()
     final_eps = live.epsilon_reported(plan.accountant) if live is not None else None
     step_fn.close()
     extra: dict[str, Any] = {}

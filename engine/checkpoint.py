@@ -1,0 +1,104 @@
+"""Checkpoints of a training run, and continuing a run that ended early from its last one.
+
+A DP-SGD (or non-private) run in one process writes `checkpoint.pt` beside its saved model at every
+evaluation and when training ends, however it ends: the weights, the optimizer's state and the step
+count. A run that was stopped, or that failed part-way (killed, out of memory, the machine went down),
+can then be continued (`dpw resume RUN`) as a new run from that step instead of from the start.
+
+The privacy side: a checkpoint holds only what DP-SGD released up to its step (the noisy model and
+what the optimizer derived from it), so continuing from it is post-processing plus more steps. The
+continued run's own epsilon is that of every step its model took, both runs' together (the same q
+and sigma, so one subsampled Gaussian of all the steps); the dataset's ledger counts the first run's
+recorded steps (those after its last checkpoint too: they were taken and are spent) and the new
+run's own. Batches and noise of the continued steps come from fresh secret randomness.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.errors import DPWError
+
+CHECKPOINT_FILE = "checkpoint.pt"
+FORMAT = 1
+
+
+class CannotResume(DPWError):
+    """A run that cannot be continued, with the reason for a person."""
+
+
+def save_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
+    """Write the checkpoint whole or not at all: a temporary file, flushed to disk, then renamed over
+    the old one (a kill or a full disk mid-write leaves the previous checkpoint)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"format": FORMAT, "step": int(step),
+             "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+             "optimizer": _to_cpu(optimizer.state_dict())}
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with open(partial, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint at `path` (weights only: no code runs while it is read)."""
+    if not path.is_file():
+        raise CannotResume(f"{path}: no checkpoint there", hint="only a run that reached an evaluation "
+                           "(or its end) keeps one; start the run again instead")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a damaged or foreign file, whatever torch says of it
+        raise CannotResume(f"{path}: cannot be read as a checkpoint ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0][:200]})", hint="start the run again instead") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CannotResume(f"{path}: not a checkpoint this version writes", hint="start the run again instead")
+    return state
+
+
+def apply_checkpoint(state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Put the checkpoint's weights and optimizer state into a freshly built model and optimizer."""
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise CannotResume(f"the checkpoint does not fit the run's model ({str(exc).splitlines()[0][:200]})",
+                           hint="the config must be the first run's; start the run again instead") from None
+
+
+def resume_problem(parent: dict[str, Any]) -> str | None:
+    """Why the stored run `parent` cannot be continued (None when it can), from its row alone."""
+    config = parent.get("config") or {}
+    ref = f"run {parent['id']}"
+    if parent.get("status") not in ("stopped", "failed"):
+        return f"{ref} is {parent.get('status')}: only a stopped or failed run is continued"
+    if parent.get("mechanism") not in ("dpsgd", "none"):
+        return f"{ref} is a {parent.get('mechanism')} run: only DP-SGD and non-private runs are continued"
+    if parent.get("stop_reason") == "budget":
+        return f"{ref} stopped at its epsilon budget: more steps would exceed it"
+    if config.get("audit_canaries"):
+        return f"{ref} trained with audit canaries: their audit needs one whole run"
+    if config.get("normalization") == "dp":
+        return (f"{ref} released DP feature statistics before training: a continued run would release "
+                "them again")
+    if parent.get("study_id") is not None:
+        return f"{ref} is a candidate of study {parent['study_id']}: a study's runs are not continued one by one"
+    return None
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value

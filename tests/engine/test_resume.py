@@ -1,0 +1,185 @@
+"""Continuing a stopped or killed DP-SGD run from its last checkpoint (engine.checkpoint, `dpw resume`):
+the model goes on from the checkpoint's step, its epsilon covers every step of both runs, and the
+ledger counts each step once for the run that took it."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from engine import privacy
+from engine.checkpoint import CHECKPOINT_FILE, CannotResume, apply_checkpoint, load_checkpoint, save_checkpoint
+from engine.cli import cli
+from engine.config import RunConfig
+from engine.ledger import dataset_ledgers
+from engine.runner import StopFlag, artifacts_dir, execute
+from engine.store import Store
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+from test_runner import read_events_until, start_runner  # noqa: E402
+
+# digits: 1,438 training examples, q = 64/1438, 6 epochs = 135 steps, evaluated every 11 steps
+DIGITS = dict(name="digits-long", dataset="digits", noise_multiplier=1.0, expected_batch_size=64, epochs=6,
+              learning_rate=0.5, evaluations_per_epoch=2, membership_audit=False)
+
+
+class StopAfter(StopFlag):
+    """Asks the run to stop before its step `steps + 1`."""
+
+    def __init__(self, steps: int):
+        super().__init__()
+        self.asked = 0
+        self.steps = steps
+
+    def __call__(self) -> bool:
+        self.asked += 1
+        return self.asked > self.steps + 1  # execute asks once before training starts
+
+
+def test_a_checkpoint_restores_weights_and_optimizer_state_and_a_failed_write_keeps_the_last(tmp_path, monkeypatch):
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    path = tmp_path / CHECKPOINT_FILE
+    save_checkpoint(path, model=model, optimizer=optimizer, step=7)
+    fresh = torch.nn.Linear(4, 3)
+    fresh_optimizer = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+    state = load_checkpoint(path)
+    apply_checkpoint(state, fresh, fresh_optimizer)
+    assert state["step"] == 7
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))
+    momenta = [fresh_optimizer.state[p]["momentum_buffer"] for p in fresh.parameters()]
+    assert all(torch.equal(m, optimizer.state[p]["momentum_buffer"]) for m, p in zip(momenta, model.parameters()))
+
+    def full_disk(obj, f, *args, **kwargs):
+        f.write(b"half a checkpoint")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError):
+        save_checkpoint(path, model=model, optimizer=optimizer, step=8)
+    assert load_checkpoint(path)["step"] == 7 and [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_FILE]
+
+
+def test_a_damaged_or_missing_checkpoint_is_refused_in_one_line(tmp_path):
+    bad = tmp_path / CHECKPOINT_FILE
+    bad.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CannotResume, match=r"cannot be read as a checkpoint"):
+        load_checkpoint(bad)
+    with pytest.raises(CannotResume, match=r"no checkpoint there"):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_a_stopped_run_continues_to_its_end_with_the_epsilon_of_all_its_steps(tmp_path):
+    store = Store(tmp_path / "runs.sqlite")
+    first = store.create_run(RunConfig(**DIGITS))
+    assert execute(store, first, stream=None, stop=StopAfter(40)) == "stopped"
+    stopped = store.get_run(first)
+    assert stopped["steps_done"] == 40
+    assert load_checkpoint(artifacts_dir(store, first) / CHECKPOINT_FILE)["step"] == 40  # written at the stop
+
+    second = store.create_run(RunConfig(**DIGITS), resumed_from=first)
+    assert execute(store, second, stream=None) == "finished"
+    run = store.get_run(second)
+    total = run["steps_planned"]
+    assert (run["steps_done"], run["steps_resumed"], run["resumed_from"]) == (total, 40, first)
+    whole = privacy.dpsgd_epsilon(sample_rate=run["sample_rate"], noise_multiplier=1.0, steps=total, delta=1e-5)
+    assert run["epsilon"] == pytest.approx(whole.value, rel=1e-9)  # the model's: every step of both runs
+    assert [p["step"] for p in store.privacy(second, "rdp")] == list(range(41, total + 1))
+    assert [m["step"] for m in store.metrics(second, "train_loss")] == list(range(41, total + 1))
+    started = next(e for e in store.events(second) if e["type"] == "started")
+    assert (started["resumed_from"], started["from_step"]) == (first, 40)
+    # the ledger: 40 steps for the first run, the rest for the second: one run's worth in all
+    (ledger,) = dataset_ledgers(store.list_runs(), [])
+    assert ledger.epsilon == pytest.approx(whole.value, rel=1e-6)
+    assert run["accuracy"] > 0.5
+
+
+def test_dpw_resume_continues_a_killed_runner_from_its_last_checkpoint_once(tmp_path):
+    db = tmp_path / "runs.sqlite"
+    store = Store(db)
+    first = store.create_run(RunConfig(**{**DIGITS, "epochs": 40}))
+    proc = start_runner(db, first)
+    # the second evaluation's metrics come after the first evaluation's checkpoint was written
+    read_events_until(proc, lambda e: e["type"] == "metric" and e["name"] == "test_accuracy" and e["step"] >= 22)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    checkpoint = load_checkpoint(artifacts_dir(store, first) / CHECKPOINT_FILE)["step"]
+    assert checkpoint in (11, 22)  # the one at 22 may or may not be written when the kill comes
+
+    shown = CliRunner().invoke(cli, ["show", str(first), "--db", str(db)])
+    assert "failed" in shown.output and f"dpw resume {first}" in shown.output
+    resumed = CliRunner().invoke(cli, ["resume", str(first), "--db", str(db)])
+    assert resumed.exit_code == 0, resumed.output
+    assert f"continues run {first} (digits-long) from step {checkpoint}" in resumed.output
+    runs = {r["id"]: r for r in Store(db).list_runs()}
+    second = max(runs)
+    run = runs[second]
+    assert run["status"] == "finished" and run["steps_done"] == run["steps_planned"]
+    assert run["steps_resumed"] == checkpoint
+    whole = privacy.dpsgd_epsilon(sample_rate=run["sample_rate"], noise_multiplier=1.0, steps=run["steps_done"],
+                                  delta=1e-5)
+    assert run["epsilon"] == pytest.approx(whole.value, rel=1e-9)
+    # the killed run's steps after its checkpoint were taken: the ledger counts them too
+    taken = runs[first]["steps_done"] + run["steps_done"] - checkpoint
+    assert taken >= run["steps_done"]
+    spent = privacy.dpsgd_epsilon(sample_rate=run["sample_rate"], noise_multiplier=1.0, steps=taken, delta=1e-5,
+                                  accountant="pld")
+    (ledger,) = dataset_ledgers(Store(db).list_runs(), [])
+    assert ledger.epsilon == pytest.approx(spent.value, rel=1e-6)
+
+    again = CliRunner().invoke(cli, ["resume", str(first), "--db", str(db)])
+    assert again.exit_code != 0 and f"already continued by run {second}" in again.output
+    assert len(Store(db).list_runs()) == 2  # nothing stored
+
+
+@pytest.mark.parametrize("change, says", [
+    (dict(status="finished"), "is finished: only a stopped or failed run is continued"),
+    (dict(mechanism="pate"), "only DP-SGD and non-private runs are continued"),
+    (dict(stop_reason="budget"), "stopped at its epsilon budget"),
+    (dict(config={"audit_canaries": 8}), "audit canaries"),
+    (dict(config={"normalization": "dp"}), "release them again"),
+])
+def test_runs_that_cannot_be_continued_say_why_and_store_nothing(tmp_path, change, says):
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = store.create_run(RunConfig(**DIGITS))
+    fields = {"status": "stopped", **change}
+    if "config" in fields:
+        fields["config"] = {**store.get_run(run_id)["config"], **fields["config"]}
+    store.update_run(run_id, **fields)
+    result = CliRunner().invoke(cli, ["resume", str(run_id), "--db", str(store.path)])
+    assert result.exit_code != 0 and says in result.output and "Traceback" not in result.output
+    assert len(store.list_runs()) == 1
+
+
+def test_a_run_on_data_that_changed_since_is_not_continued(tmp_path):
+    csv = tmp_path / "table.csv"
+    rows = ["a,b,label"] + [f"{i % 7},{(i * 3) % 5},{i % 2}" for i in range(400)]
+    csv.write_text("\n".join(rows) + "\n")
+    config = dict(name="table", dataset=str(csv), noise_multiplier=1.0, expected_batch_size=32, epochs=3,
+                  learning_rate=0.1, membership_audit=False)
+    store = Store(tmp_path / "runs.sqlite")
+    first = store.create_run(RunConfig(**config))
+    assert execute(store, first, stream=None, stop=StopAfter(5)) == "stopped"
+    csv.write_text("\n".join(rows[:-1] + ["6,4,1"]) + "\n")
+    result = CliRunner().invoke(cli, ["resume", str(first), "--db", str(store.path)])
+    assert result.exit_code != 0 and "the dataset's contents changed since run" in result.output
+    assert len(store.list_runs()) == 1
+    assert result.output.count("\n") == 1  # one line
+
+
+def test_a_checkpoint_that_cannot_be_written_is_said_once_and_the_run_trains_on(tmp_path):
+    store = Store(tmp_path / "runs.sqlite")
+    (tmp_path / "artifacts").write_text("a file where the runs' folders would go")
+    run_id = store.create_run(RunConfig(**DIGITS))
+    assert execute(store, run_id, stream=None) == "failed"  # its model cannot be saved either
+    run = store.get_run(run_id)
+    assert run["steps_done"] == run["steps_planned"] and "model.pt" in run["error"]
+    warnings = [e["message"] for e in store.events(run_id) if e["type"] == "warning"]
+    assert len([w for w in warnings if w.startswith("no checkpoint kept")]) == 1
+    assert "cannot be continued with dpw resume" in warnings[0]
