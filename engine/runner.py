@@ -143,6 +143,8 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
         summary = prepared.finish(result, store=store, out_dir=artifacts_dir(store, run_id), emit=emit)
         status = "stopped" if result is None or result.stop_reason == "stopped" else "finished"
         store.update_run(run_id, status=status, finished=now_iso(), summary=summary, **prepared.run_fields(result))
+        if status == "finished":  # nothing left to continue: its checkpoint would only take room
+            (artifacts_dir(store, run_id) / CHECKPOINT_FILE).unlink(missing_ok=True)
         emit("finished", status=status, summary=summary)
         return status
     except Exception as exc:  # every failure is recorded; the store stays consistent

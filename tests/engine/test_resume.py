@@ -98,6 +98,7 @@ def test_a_stopped_run_continues_to_its_end_with_the_epsilon_of_all_its_steps(tm
     (ledger,) = dataset_ledgers(store.list_runs(), [])
     assert ledger.epsilon == pytest.approx(whole.value, rel=1e-6)
     assert run["accuracy"] > 0.5
+    assert not (artifacts_dir(store, second) / CHECKPOINT_FILE).exists()  # finished: nothing left to continue
 
 
 def test_dpw_resume_continues_a_killed_runner_from_its_last_checkpoint_once(tmp_path):
