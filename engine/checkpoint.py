@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import DPWError
+
+if TYPE_CHECKING:  # torch is imported where a checkpoint is written or read: the window never needs it
+    import torch
 
 CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT = 1
@@ -34,6 +35,8 @@ class CannotResume(DPWError):
 def save_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
     """Write the checkpoint whole or not at all: a temporary file, flushed to disk, then renamed over
     the old one (a kill or a full disk mid-write leaves the previous checkpoint)."""
+    import torch
+
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {"format": FORMAT, "step": int(step),
              "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
@@ -51,6 +54,8 @@ def save_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.opti
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """The checkpoint at `path` (weights only: no code runs while it is read)."""
+    import torch
+
     if not path.is_file():
         raise CannotResume(f"{path}: no checkpoint there", hint="only a run that reached an evaluation "
                            "(or its end) keeps one; start the run again instead")
@@ -94,7 +99,18 @@ def resume_problem(parent: dict[str, Any]) -> str | None:
     return None
 
 
+def can_continue(run: dict[str, Any], *, store: Any, continued_by: list[int]) -> bool:
+    """Whether `dpw resume` (the window's Continue run) can take `run`: the kind of run, not continued
+    already (`continued_by`: the runs that continue it), and a checkpoint kept in `store`'s folder."""
+    from engine.runner import artifacts_dir
+
+    return (resume_problem(run) is None and not continued_by
+            and (artifacts_dir(store, run["id"]) / CHECKPOINT_FILE).is_file())
+
+
 def _to_cpu(value: Any) -> Any:
+    import torch
+
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
     if isinstance(value, dict):

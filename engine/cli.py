@@ -529,12 +529,9 @@ def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = Fals
 
 
 def continuable(store: Any, run_row: dict[str, Any]) -> bool:
-    """A stopped or failed run that `dpw resume` can continue: the kind of run, and a checkpoint kept."""
-    from engine.checkpoint import CHECKPOINT_FILE, resume_problem
-    from engine.runner import artifacts_dir
+    from engine.checkpoint import can_continue
 
-    return (resume_problem(run_row) is None and not store.continued_by(run_row["id"])
-            and (artifacts_dir(store, run_row["id"]) / CHECKPOINT_FILE).is_file())
+    return can_continue(run_row, store=store, continued_by=store.continued_by(run_row["id"]))
 
 
 def membership_line(summary: dict[str, Any], run_id: int) -> str | None:

@@ -73,6 +73,15 @@ def _create_run(store: Store, config: dict[str, Any]) -> int:
     return store.create_run(RunConfig.from_dict(config))
 
 
+def _continue_run(store: Store, run_id: int) -> int:
+    """A queued run that continues `run_id` from its checkpoint (engine.checkpoint; `dpw resume`)."""
+    from engine.config import RunConfig
+    from engine.runner import resumable
+
+    parent, _ = resumable(store, run_id)
+    return store.create_run(RunConfig.from_dict(parent["config"]), resumed_from=run_id)
+
+
 def _remove_run(store: Store, run_id: int) -> dict[str, Any]:
     from engine.runner import remove_run
 
@@ -98,7 +107,7 @@ STORE_METHODS = frozenset({"list_runs", "get_run", "find_run", "events", "metric
                            "tags", "set_tags", "add_tags", "remove_tags", "set_notes"})
 # ... and what needs more than one Store call.
 FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "replay": replay, "create_run": _create_run, "remove_run": _remove_run, "export_run": _export_run,
+    "replay": replay, "create_run": _create_run, "continue_run": _continue_run, "remove_run": _remove_run, "export_run": _export_run,
     "build_report": _build_report, "ping": lambda store: os.getpid(),
 }
 

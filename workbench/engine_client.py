@@ -57,9 +57,10 @@ class EngineClient(QObject):
         self.environment: dict[str, str] = {}
 
     # ---- queue ---------------------------------------------------------------------------------
-    def submit(self, config: Any) -> int:
-        """Store `config` as a queued run and start it when a slot is free; returns its id."""
-        run_id = self.store.create_run(config)
+    def submit(self, config: Any, *, continues: int | None = None) -> int:
+        """Store `config` as a queued run and start it when a slot is free; returns its id. With
+        `continues`, the run instead continues that run from its last checkpoint (same config)."""
+        run_id = self.store.create_run(config) if continues is None else self.store.continue_run(continues)
         self.queue.append(run_id)
         self.queue_changed.emit()
         self._start_next()

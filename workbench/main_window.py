@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.config import RunConfig
+from engine.checkpoint import can_continue
 from engine.errors import DPWError
 from workbench.audit_view import AuditView, TheorySource
 from workbench.compare import CompareView
@@ -185,6 +186,9 @@ class MainWindow(QMainWindow):
                                       "Start the run set up in the form (queued if another is running)")
         self.act_stop = self._action("S&top run", self.stop_run, "Ctrl+.",
                                      "Stop the selected run after its current step")
+        self.act_continue = self._action("&Continue run", self.continue_run, None,
+                                         "Continue the selected stopped or failed run from its last checkpoint, "
+                                         "as a new run (its ε covers the steps of both)")
         self.act_study = self._action("St&udy…", self.open_study, "Ctrl+T",
                                       "Open a tuning study (TOML): see its plan and epsilon, then run it")
         self.act_compare = self._action("&Compare selected runs", self.compare_selected, "Ctrl+K",
@@ -221,7 +225,8 @@ class MainWindow(QMainWindow):
         for action in (self.act_open, self.act_save, None, self.act_quit):
             file_menu.addSeparator() if action is None else file_menu.addAction(action)
         run_menu = bar.addMenu("&Run")
-        for action in (self.act_new, self.act_start, self.act_stop, None, self.act_study, None, self.act_export,
+        for action in (self.act_new, self.act_start, self.act_stop, self.act_continue, None, self.act_study, None,
+                       self.act_export,
                        self.act_report, self.act_reuse, None, self.act_delete):
             run_menu.addSeparator() if action is None else run_menu.addAction(action)
         self.toolbar = QToolBar("Main toolbar", self)
@@ -483,6 +488,7 @@ class MainWindow(QMainWindow):
         self.act_export.setEnabled(finished)
         self.act_report.setEnabled(finished)
         self.act_reuse.setEnabled(chosen)
+        self.act_continue.setEnabled(chosen and not active and not elsewhere and self._continuable(row))
         self.act_delete.setEnabled(run_id is not None and run_id not in self.client.jobs and not elsewhere)
 
     def show_ledger(self) -> None:
@@ -529,8 +535,8 @@ class MainWindow(QMainWindow):
         if index.isValid() and not self.runs_view.selectionModel().isRowSelected(index.row(), QModelIndex()):
             self._select_row(index.row())
         menu = QMenu(self)
-        for action in (self.act_stop, self.act_export, self.act_report, self.act_reuse, self.act_compare,
-                       None, self.act_delete):
+        for action in (self.act_stop, self.act_continue, self.act_export, self.act_report, self.act_reuse,
+                       self.act_compare, None, self.act_delete):
             menu.addSeparator() if action is None else menu.addAction(action)
         menu.popup(self.runs_view.viewport().mapToGlobal(pos))
 
@@ -540,7 +546,26 @@ class MainWindow(QMainWindow):
         self.form.fields["name"].editor.setFocus()
         self.form.fields["name"].editor.selectAll()
 
-    def start_run(self, config: RunConfig) -> int | None:
+    def _continuable(self, row: dict[str, Any] | None) -> bool:
+        if row is None:
+            return False
+        continued_by = [r["id"] for r in self.runs_model.rows if r.get("resumed_from") == row["id"]]
+        try:
+            return can_continue(row, store=self.store, continued_by=continued_by)
+        except OSError:
+            return False
+
+    def continue_run(self) -> int | None:
+        """Run ▸ Continue run: the selected stopped or failed run goes on from its last checkpoint as a new
+        run (engine.checkpoint), checked against its data first as a new run is."""
+        row = self._listed_row(self.current_run_id)
+        if not self._continuable(row):
+            return None
+        return self.start_run(RunConfig.from_dict(row["config"]), continues=row["id"])
+
+    def start_run(self, config: RunConfig, *, continues: int | None = None) -> int | None:
+        """Check `config` against its data, then store and start it (queued behind others). With
+        `continues`, the new run continues that run from its last checkpoint instead of starting afresh."""
         if self._checking:
             return None
         # The checks `dpw run` does before storing (data found, rules on the real data, model, plan),
@@ -556,28 +581,34 @@ class MainWindow(QMainWindow):
             self.act_start.setEnabled(self.form.valid)
             self.form.start_button.setEnabled(self.form.valid)
             self.statusBar().clearMessage()
+        if problem is not None and continues is not None:  # not the form's config: said on its own
+            QMessageBox.warning(self, "Cannot continue the run", problem.message
+                                + (f"\n\n{problem.hint}" if problem.hint else ""))
+            return None
         if problem is not None:
             self.form.show_start_problem(problem)
             self.tabs.setCurrentWidget(self.form)
             self.statusBar().showMessage(f"Not started: {problem.message}", 15000)
             return None
         try:
-            run_id = self.client.submit(config)
+            run_id = self.client.submit(config, continues=continues)
         except Exception as exc:
-            QMessageBox.warning(self, "Cannot start the run", describe_error(exc))
+            QMessageBox.warning(self, "Cannot continue the run" if continues is not None else "Cannot start the run",
+                                describe_error(exc))
             return None
         status = "starting" if run_id in self.client.jobs else "queued"  # its runner exists, or it waits
         data = RunData(run_id=run_id, name=config.name, mechanism=config.mechanism, status=status,
                        config=config.to_dict())
         self.run_data[run_id] = data
-        self.settings.set_json("setup/texts", self.form.texts())
+        if continues is None:
+            self.settings.set_json("setup/texts", self.form.texts())
         self.refresh_runs()
         self.select_run(run_id)
         self.tabs.setCurrentWidget(self.dashboard)
         waiting = len(self.client.queue)
         self.statusBar().showMessage(
-            f"Run {run_id} ({config.name}) " + (f"queued ({waiting} waiting)" if run_id in self.client.queue
-                                                 else "started"), 5000)
+            f"Run {run_id} ({config.name}) " + (f"continues run {continues}, " if continues is not None else "")
+            + (f"queued ({waiting} waiting)" if run_id in self.client.queue else "started"), 5000)
         return run_id
 
     def stop_run(self) -> None:

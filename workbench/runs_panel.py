@@ -46,6 +46,7 @@ RESULT_ROWS = (
     ("epsilon_budget", "ε budget"),
     ("accuracy", "Test accuracy"),
     ("steps", "Steps done / planned"),
+    ("continued", "Continues"),
     ("duration", "Duration"),
     ("stop_reason", "Stopped by"),
     ("error", "Error"),
@@ -66,6 +67,8 @@ def result_values(row: dict[str, Any]) -> list[tuple[str, str]]:
         "accuracy": None if row.get("accuracy") is None else f"{row['accuracy']:.4f}",
         "steps": None if row.get("steps_done") is None
         else f"{row['steps_done']:,} / {row.get('steps_planned') or '?'}",
+        "continued": None if row.get("resumed_from") is None else
+        f"run {row['resumed_from']} from step {row.get('steps_resumed') or '?'} (ε covers both)",
         "duration": format_duration(duration_seconds(row)) or None,
         "stop_reason": stop_reason_label(row) or None,
         "error": row.get("error"),

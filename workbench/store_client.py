@@ -221,6 +221,10 @@ class StoreClient:
     def create_run(self, config: Any) -> int:
         return self.call("create_run", config.to_dict())
 
+    def continue_run(self, run_id: int) -> int:
+        """A queued run continuing `run_id` from its last checkpoint (engine.checkpoint)."""
+        return self.call("continue_run", run_id)
+
     def update_run(self, run_id: int, **fields: Any) -> None:
         self.call("update_run", run_id, **fields)
 

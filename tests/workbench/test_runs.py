@@ -6,6 +6,7 @@ from PySide6.QtCore import QPoint, Qt
 
 from engine.store import Store
 from workbench.main_window import MainWindow
+from workbench.runs_panel import result_values
 from workbench.runs_model import COLUMNS
 
 RUN_TIMEOUT_MS = 120_000
@@ -65,6 +66,36 @@ def test_stop_mid_run_leaves_a_stopped_run(window, qtbot, db_path):
     qtbot.waitUntil(lambda: not window.client.is_active(run_id), timeout=RUN_TIMEOUT_MS)
     assert Store(db_path).get_run(run_id)["status"] == "stopped"
     qtbot.waitUntil(lambda: list_status(window, run_id) == "stopped", timeout=10000)
+
+
+def test_a_stopped_run_is_continued_from_its_checkpoint_to_its_end(window, qtbot, db_path):
+    """Run ▸ Continue run: a new run from the stopped run's last checkpoint, trained to the end; the
+    stopped run can then not be continued a second time."""
+    quick_digits(window, "digits-continued", epochs=30)
+    run_id = start(window, qtbot)
+    qtbot.waitUntil(lambda: len(window.run_data[run_id].metrics.get("test_accuracy", ())) >= 2,
+                    timeout=RUN_TIMEOUT_MS)
+    window.select_run(run_id)
+    window.act_stop.trigger()
+    qtbot.waitUntil(lambda: not window.client.is_active(run_id), timeout=RUN_TIMEOUT_MS)
+    window.refresh_runs()
+    window.select_run(run_id)
+    qtbot.waitUntil(window.act_continue.isEnabled, timeout=10000)
+    stopped = Store(db_path).get_run(run_id)
+    before = set(window.run_data)
+    window.act_continue.trigger()
+    (second,) = set(window.run_data) - before
+    qtbot.waitUntil(lambda: window.run_data[second].finished, timeout=RUN_TIMEOUT_MS)
+    assert window.run_data[second].status == "finished", [m.text for m in window.run_data[second].messages]
+    run = Store(db_path).get_run(second)
+    assert (run["resumed_from"], run["steps_resumed"]) == (run_id, stopped["steps_done"])
+    assert run["steps_done"] == run["steps_planned"] and run["epsilon"] > stopped["epsilon"]
+    window.refresh_runs()
+    window.select_run(second)
+    shown = dict(result_values(window.runs_panel.config._shown))
+    assert shown["Continues"] == f"run {run_id} from step {stopped['steps_done']} (ε covers both)"
+    window.select_run(run_id)
+    assert not window.act_continue.isEnabled()  # continued already
 
 
 def test_a_killed_runner_is_reported_and_the_window_keeps_working(window, qtbot, db_path):
