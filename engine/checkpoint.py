@@ -102,10 +102,9 @@ def resume_problem(parent: dict[str, Any]) -> str | None:
 def can_continue(run: dict[str, Any], *, store: Any, continued_by: list[int]) -> bool:
     """Whether `dpw resume` (the window's Continue run) can take `run`: the kind of run, not continued
     already (`continued_by`: the runs that continue it), and a checkpoint kept in `store`'s folder."""
-    from engine.runner import artifacts_dir
+    from engine.runner import checkpoint_of
 
-    return (resume_problem(run) is None and not continued_by
-            and (artifacts_dir(store, run["id"]) / CHECKPOINT_FILE).is_file())
+    return resume_problem(run) is None and not continued_by and checkpoint_of(store, run["id"]).is_file()
 
 
 def _to_cpu(value: Any) -> Any:

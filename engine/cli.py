@@ -204,12 +204,14 @@ def resume(run_ref: str, db: Path | None, as_json: bool) -> None:
     """
     from engine.config import RunConfig
     from engine.precheck import check_before_storing
-    from engine.runner import check_continues, resumable
+    from engine.checkpoint import load_checkpoint
+    from engine.runner import check_continues, checkpoint_of, resumable
 
     store = open_store(db)
     store.reconcile_orphans()  # a run whose runner was killed is marked failed before it is judged
     parent = store.find_run(run_ref)
-    parent, checkpoint = resumable(store, parent["id"])
+    parent = resumable(store, parent["id"])
+    checkpoint = load_checkpoint(checkpoint_of(store, parent["id"]))  # readable, before a run is stored
     store.check_writable()
     config = RunConfig.from_dict(parent["config"])
     check_continues(parent, check_before_storing(config))  # the same data, sample rate and noise

@@ -115,7 +115,8 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
         resume = parent = None
         if run.get("resumed_from") is not None:
             phase = "reading the checkpoint"
-            parent, resume = resumable(store, run["resumed_from"], for_run=run_id)
+            parent = resumable(store, run["resumed_from"], for_run=run_id)
+            resume = load_checkpoint(checkpoint_of(store, parent["id"]))
             store.update_run(run_id, steps_resumed=resume["step"])
         emit("started", name=config.name, mechanism=config.mechanism, dataset=config.dataset,
              config=config.to_dict(), config_hash=config.config_hash(),
@@ -127,7 +128,7 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
         prepared = prepare(config, emit=emit, data_parallel=data_parallel)
         store_votes(prepared, store, run_id)
         if isinstance(prepared, PreparedRun) and data_parallel is None:
-            prepared.checkpoint_path = artifacts_dir(store, run_id) / CHECKPOINT_FILE
+            prepared.checkpoint_path = checkpoint_of(store, run_id)
             if resume is not None:
                 check_continues(parent, prepared)
                 prepared.resume = resume
@@ -144,16 +145,17 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
         status = "stopped" if result is None or result.stop_reason == "stopped" else "finished"
         store.update_run(run_id, status=status, finished=now_iso(), summary=summary, **prepared.run_fields(result))
         if status == "finished":  # nothing left to continue: its checkpoint would only take room
-            (artifacts_dir(store, run_id) / CHECKPOINT_FILE).unlink(missing_ok=True)
+            checkpoint_of(store, run_id).unlink(missing_ok=True)
         emit("finished", status=status, summary=summary)
         return status
     except Exception as exc:  # every failure is recorded; the store stays consistent
         return record_failure(store, run_id, writer, exc, where=phase, prepared=prepared, result=result)
 
 
-def resumable(store: Store, parent_id: int, *, for_run: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The run to continue and its checkpoint, or CannotResume saying why not (`dpw resume` asks this
-    before it stores a run; the runner asks again)."""
+def resumable(store: Store, parent_id: int, *, for_run: int | None = None) -> dict[str, Any]:
+    """The stored run to continue, or CannotResume saying why not: its kind, not continued already
+    (by a run other than `for_run`), a checkpoint kept. Reads no checkpoint (no torch): `dpw resume` and
+    the window ask this before they store a run; the runner asks again and then loads the checkpoint."""
     parent = store.get_run(parent_id)
     problem = resume_problem(parent)
     if problem:
@@ -162,7 +164,15 @@ def resumable(store: Store, parent_id: int, *, for_run: int | None = None) -> tu
     if later:
         raise CannotResume(f"run {parent_id} was already continued by run {later[-1]}: continuing it again "
                            "would spend privacy on the same steps twice", hint=f"continue run {later[-1]} instead")
-    return parent, load_checkpoint(artifacts_dir(store, parent_id) / CHECKPOINT_FILE)
+    if not checkpoint_of(store, parent_id).is_file():
+        raise CannotResume(f"run {parent_id} kept no checkpoint (it ended before its first evaluation, or was "
+                           "trained by several processes)", hint="start a new run instead")
+    return parent
+
+
+def checkpoint_of(store: Store, run_id: int) -> Path:
+    """Where a run keeps its checkpoint (engine.checkpoint): beside its saved model."""
+    return artifacts_dir(store, run_id) / CHECKPOINT_FILE
 
 
 def check_continues(parent: dict[str, Any], prepared: Any) -> None:

@@ -78,7 +78,7 @@ def _continue_run(store: Store, run_id: int) -> int:
     from engine.config import RunConfig
     from engine.runner import resumable
 
-    parent, _ = resumable(store, run_id)
+    parent = resumable(store, run_id)  # (the runner reads the checkpoint: torch is not loaded here)
     return store.create_run(RunConfig.from_dict(parent["config"]), resumed_from=run_id)
 
 

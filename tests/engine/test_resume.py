@@ -184,3 +184,14 @@ def test_a_checkpoint_that_cannot_be_written_is_said_once_and_the_run_trains_on(
     warnings = [e["message"] for e in store.events(run_id) if e["type"] == "warning"]
     assert len([w for w in warnings if w.startswith("no checkpoint kept")]) == 1
     assert "cannot be continued with dpw resume" in warnings[0]
+
+
+def test_a_run_that_kept_no_checkpoint_is_not_continued(tmp_path):
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = store.create_run(RunConfig(**DIGITS))
+    store.update_run(run_id, status="failed", steps_done=3)
+    result = CliRunner().invoke(cli, ["resume", str(run_id), "--db", str(store.path)])
+    assert result.exit_code != 0 and f"run {run_id} kept no checkpoint" in result.output
+    assert len(store.list_runs()) == 1
+    shown = CliRunner().invoke(cli, ["show", str(run_id), "--db", str(store.path)])
+    assert "dpw resume" not in shown.output
