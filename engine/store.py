@@ -637,8 +637,9 @@ class Store:
             "queued": ("the run never started: the process that queued it ended before its runner began",
                        "start the run again"),
             "running": ("the runner process ended without reporting (killed or crashed)",
-                        "everything up to its last completed step is kept, with the privacy it spent; "
-                        "start the run again to retry"),
+                        "everything up to its last completed step is kept, with the privacy it spent; a DP-SGD "
+                        "run goes on from its last checkpoint with dpw resume (Run ▸ Continue run), or start it "
+                        "again"),
         }
         return self._update_each(
             (run_id, "update runs set status = 'failed', finished = ?, error = ?, error_hint = ? "

@@ -196,7 +196,8 @@ class EngineClient(QObject):
         if status == QProcess.ExitStatus.CrashExit:
             return ("the runner process was killed or crashed before it reported an end"
                     + (f": {last}" if last else ""),
-                    "everything up to its last completed step is kept; start the run again to retry")
+                    "everything up to its last completed step is kept; a DP-SGD run goes on from its last "
+                    "checkpoint with Run ▸ Continue run, or start it again")
         return (f"the runner process exited with status {code} without reporting an end"
                 + (f": {last}" if last else ""),
                 "see the message above; everything up to its last completed step is kept")
