@@ -320,7 +320,8 @@ class Dashboard(QWidget):
         if data.version == self._drawn_version and not complete:
             return
         self._drawn_version = data.version
-        self.title.setText(f"Run {data.run_id}: {data.name}  ({data.mechanism or '?'}, {data.status})")
+        continues = f"; continues run {data.continues[0]} from step {data.continues[1]}" if data.continues else ""
+        self.title.setText(f"Run {data.run_id}: {data.name}  ({data.mechanism or '?'}, {data.status}{continues})")
         phase = PHASES.get(shown_phase(data), shown_phase(data))
         self.phase_label.setText(phase)
         bar = progress(data)

@@ -87,6 +87,7 @@ class RunData:
     messages: list[Message] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     study: dict[str, Any] | None = None  # the study's store row when the run is one of its candidates
+    continues: tuple[int, int] | None = None  # (run, step): a run continued from that run's checkpoint
     finished: bool = False
     version: int = 0  # bumped on every change; views redraw when it moved
 
@@ -110,6 +111,8 @@ class RunData:
             self.mechanism = event.get("mechanism", self.mechanism)
             self.config = event.get("config", self.config) or {}
             self.status = "running"
+            if event.get("resumed_from") is not None:
+                self.continues = (int(event["resumed_from"]), int(event.get("from_step") or 0))
         elif kind == "plan":
             self.plan = {k: v for k, v in event.items() if k not in ("v", "type", "run_id", "t")}
         elif kind == "warning":

@@ -16,6 +16,15 @@ def test_series_grows_past_its_capacity():
     assert len(s) == 1500 and s.x[-1] == 1499 and s.y[-1] == 2998
 
 
+def test_a_continued_run_knows_which_run_and_step_it_continues():
+    data = RunData(run_id=3)
+    data.apply({"type": "started", "name": "a", "mechanism": "dpsgd", "config": {}})
+    assert data.continues is None
+    data.apply({"type": "started", "name": "a", "mechanism": "dpsgd", "config": {}, "resumed_from": 2,
+                "from_step": 297})
+    assert data.continues == (2, 297)
+
+
 def test_events_become_curves_progress_and_messages():
     data = RunData(run_id=1)
     data.apply({"type": "started", "name": "a", "mechanism": "dpsgd", "config": {"accountant": "pld"}})

@@ -94,6 +94,8 @@ def test_a_stopped_run_is_continued_from_its_checkpoint_to_its_end(window, qtbot
     window.select_run(second)
     shown = dict(result_values(window.runs_panel.config._shown))
     assert shown["Continues"] == f"run {run_id} from step {stopped['steps_done']} (ε covers both)"
+    qtbot.waitUntil(lambda: f"continues run {run_id} from step {stopped['steps_done']}"
+                    in window.dashboard.title.text(), timeout=5000)
     window.select_run(run_id)
     assert not window.act_continue.isEnabled()  # continued already
 
