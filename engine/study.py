@@ -46,6 +46,7 @@ import numpy as np
 
 from engine.config import RunConfig
 from engine.privacy import pate as pate_privacy
+from engine.privacy.accountants import dpsgd_epsilon
 from engine.privacy.pld import SubsampledGaussian, pld_epsilon_composed
 from engine.privacy.rdp import DEFAULT_ORDERS, compute_rdp, rdp_to_epsilon
 from engine.privacy.tuning import num_runs_probability, num_runs_quantiles, repeat_and_select_rdp, sample_num_runs
@@ -170,15 +171,27 @@ def private_study_epsilon(config: StudyConfig, num_train: int, orders=DEFAULT_OR
 
 def composition_epsilon(configs: list[RunConfig], num_train: int, delta: float, orders=DEFAULT_ORDERS) -> Epsilon:
     """Every candidate released: DP-SGD runs composed by PLD (each its own sample rate, noise and
-    planned steps), PATE runs by the sum of their data-independent RDP curves, converted at `delta`."""
+    planned steps), PATE runs by the sum of their data-independent RDP curves, converted at `delta`.
+
+    DP-SGD: never below the epsilon a candidate states for itself (its own accountant at its planned
+    steps). Both are upper bounds, so the larger is one too, and a study reading below a run it
+    releases (a run accounted by RDP, looser than the PLD of the same steps) would look like an error."""
     if all(c.mechanism == "dpsgd" for c in configs):
         plans = [_dpsgd_plan(c, num_train) for c in configs]
         eps = pld_epsilon_composed(mechanisms=[SubsampledGaussian(p.sample_rate, p.noise_multiplier, p.steps_planned)
                                                for p in plans], delta=delta)
-        return Epsilon(value=eps.value, delta=eps.delta, accountant=COMPOSITION_ACCOUNTANT)
+        value = max([eps.value] + [_own_epsilon(p, delta) for p in plans])
+        return Epsilon(value=value, delta=eps.delta, accountant=COMPOSITION_ACCOUNTANT)
     total = np.sum([candidate_rdp(c, num_train, orders) for c in configs], axis=0)
     eps = rdp_to_epsilon(orders=orders, rdp=total, delta=delta)
     return Epsilon(value=eps.value, delta=eps.delta, accountant=RDP_COMPOSITION_ACCOUNTANT, order=eps.order)
+
+
+def _own_epsilon(plan, delta: float) -> float:
+    """The epsilon a DP-SGD candidate states for itself at `delta`, as its run accounts it."""
+    return dpsgd_epsilon(sample_rate=plan.sample_rate, noise_multiplier=plan.noise_multiplier,
+                         steps=plan.steps_planned, delta=delta, accountant=plan.accountant,
+                         statistics_noise_multiplier=plan.statistics_noise_multiplier).value
 
 
 def training_size(config: RunConfig) -> int | None:

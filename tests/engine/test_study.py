@@ -253,6 +253,21 @@ def test_a_composition_study_states_the_pld_composition_of_its_runs(tmp_path):
         assert publishable_epsilon(run).value > run_epsilon(run).value
 
 
+def test_a_composition_study_is_never_below_a_run_it_releases(tmp_path):
+    """A candidate accounted by RDP states a larger epsilon than the PLD of the same steps: the study's
+    epsilon, which covers that run among others, must not read below the run's own."""
+    config = study(mode="composition", mean_runs=None, search="grid", base={"accountant": "rdp"},
+                   space={"learning_rate": [1.0]})
+    store = Store(tmp_path / "runs.sqlite")
+    result = run_study(config, store, launcher(store))
+    run = store.get_run(result.run_ids[0])
+    own = rdp_to_epsilon(orders=DEFAULT_ORDERS, rdp=training_rdp(1.0), delta=1e-5).value
+    assert run_epsilon(run).value == pytest.approx(own)
+    assert dp_accounting_composition([1.0]) < own  # the PLD alone would read below the run's own
+    assert result.epsilon.value == pytest.approx(own)
+    assert publishable_epsilon(run).value == pytest.approx(own)
+
+
 def test_an_exploratory_studys_report_says_the_selection_is_not_covered(tmp_path):
     config = study(mode="exploratory", mean_runs=None, search="grid", space={"learning_rate": [0.5, 2.0]})
     store = Store(tmp_path / "runs.sqlite")
