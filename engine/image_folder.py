@@ -16,11 +16,13 @@ The train/test split is a seeded, stratified split of the files (engine.datasets
 
 from __future__ import annotations
 
+import io
+import os
 from pathlib import Path
 
 import numpy as np
 
-from engine.array_data import MappedRows, hash_files, image_dataset
+from engine.array_data import HASH_READ, MappedRows, hash_files, image_dataset
 from engine.errors import DataError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -28,17 +30,31 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 
 def is_image_folder(folder: Path) -> bool:
     """A folder with at least one sub-folder that holds an image file."""
-    return bool(_class_folders(folder))
+    return any(any(_image_names(c)) for c in _subfolders(folder))
 
 
-def _class_folders(folder: Path) -> list[Path]:
-    return sorted(c for c in folder.iterdir() if c.is_dir() and not c.name.startswith(".") and any(_images_in(c)))
+def _class_files(folder: Path) -> list[tuple[str, list[Path]]]:
+    """(class name, its image files) for each sub-folder holding an image, both in sorted order. Names
+    are sorted as strings, which is the order of their paths (one listing per folder, no Path compares)."""
+    classes = []
+    for child in sorted(_subfolders(folder), key=lambda c: c.name):
+        names = sorted(_image_names(child))
+        if names:
+            classes.append((child.name, [child / name for name in names]))
+    return classes
 
 
-def _images_in(folder: Path):
-    """The image files of `folder`, hidden ones left out."""
-    return (p for p in sorted(folder.iterdir())
-            if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
+def _subfolders(folder: Path):
+    with os.scandir(folder) as entries:
+        return [Path(e.path) for e in entries if not e.name.startswith(".") and e.is_dir()]
+
+
+def _image_names(folder: Path):
+    """The names of `folder`'s image files, hidden ones left out."""
+    with os.scandir(folder) as entries:
+        return [e.name for e in entries
+                if not e.name.startswith(".") and os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES
+                and e.is_file()]
 
 
 class ImageFileRows:
@@ -52,6 +68,7 @@ class ImageFileRows:
         self.size = first.size  # (width, height)
         channels = 1 if self.mode == "L" else 3
         self.shape = (len(files), channels, first.size[1], first.size[0])
+        self._checked = False
 
     def _first_readable(self):
         """The first file that opens as an image (its header): it sets the folder's size and colour
@@ -64,11 +81,12 @@ class ImageFileRows:
                 problems.append(problem)
         raise _refused(problems, self.name)
 
-    def _open(self, path: Path, *, decode: bool = True):
+    def _open(self, path: Path, *, decode: bool = True, head: bytes | None = None):
+        """The image in `path` (from `head`, its bytes already read, when given)."""
         from PIL import Image, UnidentifiedImageError
 
         try:
-            image = Image.open(path)
+            image = Image.open(path if head is None else io.BytesIO(head))
             if decode:
                 image.load()
         except (OSError, UnidentifiedImageError) as e:
@@ -93,16 +111,38 @@ class ImageFileRows:
     def check_every_row(self) -> None:
         """Refuse the folder before training if a file is not an image or has another size: said at
         load, no privacy is spent on a run that a step would stop. Only each file's header is read
-        (its pixels are decoded when a step draws it; a file damaged past its header fails then)."""
+        (its pixels are decoded when a step draws it; a file damaged past its header fails then).
+        Done once: `checked_fingerprint` checks while it hashes."""
+        if self._checked:
+            return
         problems: list[DataError] = []
         for path in self.files:
-            try:
-                with self._open(path, decode=False) as image:
-                    self._check_size(path, image)
-            except DataError as problem:
-                problems.append(problem)
+            self._check_file(path, None, problems)
+        self._settle(problems)
+
+    def checked_fingerprint(self, *, root: Path) -> str:
+        """The folder's fingerprint (hash_files over the files, names relative to `root`) and
+        `check_every_row`'s check in the same pass: each file is opened once, its header parsed from
+        the bytes the hash reads."""
+        problems: list[DataError] = []
+        fingerprint = hash_files(self.files, tag="image-folder", root=root,
+                                 first_read=lambda path, head: self._check_file(path, head, problems))
+        self._settle(problems)
+        return fingerprint
+
+    def _check_file(self, path: Path, head: bytes | None, problems: list[DataError]) -> None:
+        if head is not None and len(head) == HASH_READ:  # a file larger than one read: open it whole
+            head = None
+        try:
+            with self._open(path, decode=False, head=head) as image:
+                self._check_size(path, image)
+        except DataError as problem:
+            problems.append(problem)
+
+    def _settle(self, problems: list[DataError]) -> None:
         if problems:
             raise _refused(problems, self.name)
+        self._checked = True
 
 
 def _refused(problems: list[DataError], folder: str) -> DataError:
@@ -116,21 +156,18 @@ def load_image_folder(folder: Path, *, test_fraction: float, seed: int):
     """The images under `folder`'s class sub-folders as a Dataset whose inputs are decoded on demand."""
     from engine.datasets import _need_two_classes, _split_or_fail, _split_text
 
-    classes = [child.name for child in _class_folders(folder)]
-    files: list[Path] = []
-    labels: list[int] = []
-    for label, name in enumerate(classes):
-        found = list(_images_in(folder / name))
-        files.extend(found)
-        labels.extend([label] * len(found))
+    found = _class_files(folder)
+    classes = [name for name, _ in found]
+    files = [path for _, paths in found for path in paths]
+    y = np.repeat(np.arange(len(found), dtype=np.int64), [len(paths) for _, paths in found])
     if not files:
         raise DataError(f"{folder}: holds no image files in class sub-folders; put each class's images "
                         f"({', '.join(IMAGE_SUFFIXES)}) in a sub-folder named after the class")
     _need_two_classes(classes, what=str(folder))
-    y = np.array(labels, dtype=np.int64)
     source = ImageFileRows(files, name=str(folder))
+    fingerprint = source.checked_fingerprint(root=folder)
     train, test = _split_or_fail(y, test_fraction=test_fraction, seed=seed, what=str(folder))
     return image_dataset(name=folder.name, source=source, y=y[train], train_rows=train,
                          test=MappedRows(source, test), y_test=y[test], class_names=classes,
-                         fingerprint=hash_files(files, tag="image-folder", root=folder),
+                         fingerprint=fingerprint,
                          origin=str(folder.absolute()), split=_split_text(test_fraction, seed))

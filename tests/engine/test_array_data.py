@@ -151,6 +151,40 @@ def test_an_image_folder_is_decoded_on_demand_one_class_per_sub_folder(tmp_path)
     assert torch.equal(data.x_test[0:30], reference[data.x_test.rows])
 
 
+def test_loading_an_image_folder_opens_each_file_once(tmp_path, monkeypatch):
+    """Its fingerprint and its check of every file's header are one pass: a folder of a million images
+    is read once at load, not once to check and again to hash. The fingerprint is the same digest of
+    names and bytes as before (runs recorded then still count in the same ledger)."""
+    import builtins
+
+    x, y = _images(60, classes=3)
+    paths = _image_folder(tmp_path / "pictures", x, y)
+    opened: list[str] = []
+    real_open = builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        if str(file).endswith(".png"):
+            opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    data = load_dataset(tmp_path / "pictures", test_fraction=0.25)
+    monkeypatch.setattr(builtins, "open", real_open)
+    assert sorted(opened[1:]) == sorted(map(str, paths))  # the first file once more: its size and colours
+    assert opened[0] == str(sorted(paths)[0])
+    listed = sorted(paths, key=lambda p: (p.parent.name, p.name))
+    assert data.fingerprint == array_data.hash_files(listed, tag="image-folder", root=tmp_path / "pictures")
+    # A file larger than one read is opened again for its header, and is checked all the same.
+    monkeypatch.setattr(array_data, "HASH_READ", 64)
+    monkeypatch.setattr("engine.image_folder.HASH_READ", 64)
+    assert load_dataset(tmp_path / "pictures", test_fraction=0.25).fingerprint == data.fingerprint
+    from PIL import Image
+
+    Image.fromarray(np.zeros((12, 12), np.uint8)).save(paths[5])
+    with pytest.raises(DataError, match=rf"{paths[5].name}: is 12x12 pixels but the folder's images are 10x10"):
+        load_dataset(tmp_path / "pictures", test_fraction=0.25)
+
+
 def test_colour_images_keep_three_channels(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (12, 3, 6, 5), dtype=np.uint8)
