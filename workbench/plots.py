@@ -30,6 +30,7 @@ ACCOUNTANT_COLOURS = {"pld": 4, "rdp": 5, "prv": 9, "gdp": 8, "pate-di": 4, "pat
 MIN_RANGE = 1e-3  # the smallest span an axis shows
 HOVER_RADIUS_PX = 20  # the read-out names the nearest point within this many pixels
 TITLE_MARGIN_PX = 24  # room kept beside a plot's title: a longer one goes on to a second line
+LEGEND_SAMPLE_PX = 40  # a legend entry's line sample and the gap before its text
 
 
 def colour(index: int) -> QColor:
@@ -64,6 +65,16 @@ def wrapped(text: str, metrics: QFontMetrics, width: int) -> list[str]:
         else:
             lines.append(word)
     return lines or [text]
+
+
+def shown_font(label: pg.LabelItem) -> QFont:
+    """The font a pyqtgraph label draws its text in: its HTML sets the size (a title 11pt, a legend
+    entry 9pt), not the item's font."""
+    font = QFont(label.item.font())
+    size = str(label.opts.get("size") or "")
+    if size.endswith("pt"):
+        font.setPointSizeF(float(size[:-2]))
+    return font
 
 
 class Plot(pg.PlotWidget):
@@ -150,6 +161,7 @@ class Plot(pg.PlotWidget):
         legend = getattr(self, "legend", None)
         if legend is None or self.closed:
             return
+        self._wrap_legend_labels(legend, max(40, self.width() - 60 - LEGEND_SAMPLE_PX))
         # the text's own width: a label's bounding rect stretches to its column once laid out
         widest = max((label.item.boundingRect().width() + 50 for _, label in legend.items), default=200.0)
         columns = int(max(1, min(4, (self.width() - 60) // widest)))
@@ -158,6 +170,20 @@ class Plot(pg.PlotWidget):
         if self.getPlotItem().geometry().width() > self.width() + 1:
             # The plot kept the width a wider legend forced on it at the last resize: fit it to the view again.
             QTimer.singleShot(0, self, self._fit_to_view)
+
+    @staticmethod
+    def _wrap_legend_labels(legend: pg.LegendItem, room: int) -> None:
+        """A label wider than the plot goes on over more lines: cut, it lost its end (the "not
+        publishable" of the PATE data-dependent epsilon at 950 px) and widened the plot under its
+        neighbour. Each label keeps its full text to wrap anew at every width."""
+        for _, label in legend.items:
+            full = getattr(label, "full_text", None)
+            if full is None:
+                full = label.full_text = label.text
+            lines = wrapped(full, QFontMetrics(shown_font(label)), room)
+            text = full if len(lines) == 1 else "<br>".join(html.escape(line) for line in lines)
+            if text != label.text:
+                label.setText(text)
 
     def _fit_to_view(self) -> None:
         if not self.closed:
@@ -219,10 +245,7 @@ class Plot(pg.PlotWidget):
         if not getattr(self, "_title", ""):  # (also while pyqtgraph's constructor resizes the view)
             return
         label = self.getPlotItem().titleLabel
-        font = QFont(label.item.font())
-        size = str(label.opts.get("size") or "")
-        if size.endswith("pt"):  # the title's HTML sets its size (pyqtgraph: 11pt), not the item's font
-            font.setPointSizeF(float(size[:-2]))
+        font = shown_font(label)
         # pyqtgraph puts the title over the view box alone: the room is the plot's width less its value axis
         room = self.width() - self.getPlotItem().getAxis("left").width() - TITLE_MARGIN_PX
         lines = wrapped(self._title, QFontMetrics(font), max(40, int(room)))

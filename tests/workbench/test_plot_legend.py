@@ -3,6 +3,8 @@ curve of one point stays visible."""
 
 from __future__ import annotations
 
+import pyqtgraph as pg
+
 from workbench.plots import Plot
 
 
@@ -78,3 +80,31 @@ def test_a_title_too_long_for_the_plot_goes_on_to_more_lines_whole(qtbot):
     plot.resize(900, 300)
     qtbot.wait(50)
     assert plot.title_lines == [title]
+
+
+def test_a_legend_entry_wider_than_the_plot_goes_on_to_more_lines_whole(qtbot):
+    """Cut, the PATE privacy plot's "data-dependent (private diagnostic, not publishable)" lost its end
+    at a window 950 px wide, and widened the plot under its neighbour: the released epsilon's point, at
+    the right edge, was hidden."""
+    name = "data-dependent (private diagnostic, not publishable)"
+    plot = Plot("Privacy spent", "queries processed", "ε")
+    qtbot.addWidget(plot)
+    plot.resize(900, 400)
+    plot.show()
+    plot.curve(name, 0).setData([100.0, 200.0], [69.3, 124.2])
+    plot.curve("released (publishable)", 1, symbol="o").setData([200.0], [185.2])
+    qtbot.wait(100)
+    label = plot.legend.items[0][1]
+    assert label.text == name
+    plot.resize(260, 400)
+    qtbot.wait(100)
+    assert "<br>" in label.text and label.text.replace("<br>", " ") == name
+    assert label.item.boundingRect().width() <= plot.width()
+    assert plot.getPlotItem().geometry().width() <= plot.width() + 1
+    (x_low, x_high), _ = plot.getPlotItem().getViewBox().viewRange()
+    view = plot.getPlotItem().getViewBox()
+    right_edge = view.mapViewToDevice(pg.QtCore.QPointF(200.0, 185.2)).x()
+    assert x_high >= 200.0 and right_edge <= plot.width()  # the released point is in sight
+    plot.resize(900, 400)
+    qtbot.wait(100)
+    assert label.text == name
