@@ -28,7 +28,7 @@ from engine.publication import (
     publishable_epsilon,
 )
 from engine.report import budget_on_private_votes
-from workbench.plots import Plot, accountant_colour, set_curve
+from workbench.plots import Plot, accountant_colour, set_curve, set_line_label
 from workbench.progress import progress, seconds_left, shown_phase
 from workbench.run_data import RunData
 from workbench.runs_model import format_duration
@@ -488,7 +488,7 @@ class Dashboard(QWidget):
             set_curve(self.pate_curves["teacher_accuracy"], m["teacher_accuracy"].x, m["teacher_accuracy"].y)
         if "ensemble_accuracy" in m and len(m["ensemble_accuracy"]):
             value = m["ensemble_accuracy"].last()
-            self.ensemble_line.label.setFormat(f"ensemble {value:.3f}")
+            set_line_label(self.ensemble_line, f"ensemble {value:.3f}")
             self.teacher_acc_plot.set_line(self.ensemble_line, value)
             self.ensemble_anchor.setData([0.0], [value])  # the line stays in view
         else:

@@ -30,6 +30,7 @@ ACCOUNTANT_COLOURS = {"pld": 4, "rdp": 5, "prv": 9, "gdp": 8, "pate-di": 4, "pat
 MIN_RANGE = 1e-3  # the smallest span an axis shows
 HOVER_RADIUS_PX = 20  # the read-out names the nearest point within this many pixels
 TITLE_MARGIN_PX = 24  # room kept beside a plot's title: a longer one goes on to a second line
+SUBTITLE_PT = 9.0  # a subtitle's size (the title's is pyqtgraph's 11pt)
 LEGEND_SAMPLE_PX = 40  # a legend entry's line sample and the gap before its text
 
 
@@ -82,12 +83,14 @@ class Plot(pg.PlotWidget):
 
     def __init__(self, title: str = "", x_label: str = "", y_label: str = "", parent=None, legend: bool = True,
                  corner: str = "", log_axis: bool = False,
-                 y_bounds: tuple[float | None, float | None] | None = None):
+                 y_bounds: tuple[float | None, float | None] | None = None, subtitle: str = ""):
         """`log_axis`: offer a log value axis in the context menu; `y_bounds`: the value axis never
-        leaves them (accuracy: (0, 1)). `corner` is accepted for older callers: legends sit under the plot."""
+        leaves them (accuracy: (0, 1)); `subtitle`: a smaller line under the title (plain text, as the
+        title). `corner` is accepted for older callers: legends sit under the plot."""
         super().__init__(parent=parent)
         del self.clear  # PlotWidget binds PlotItem.clear to each instance; Plot.clear keeps the read-out
         self._title = title
+        self._subtitle = subtitle
         self.title_lines: list[str] = []  # the title as shown, line by line
         self.log_axis_offered = log_axis
         self.y_bounds = y_bounds
@@ -240,20 +243,29 @@ class Plot(pg.PlotWidget):
         self._show_title()
 
     def _show_title(self, *, recolour: bool = False) -> None:
-        """The title, wrapped onto more lines where the plot is too narrow for it in one (a cut title
-        lost its end, e.g. the "not in ε" of the PATE teachers' accuracies at 1,100 px)."""
+        """The title (and subtitle, smaller), wrapped onto more lines where the plot is too narrow for
+        it in one (a cut title lost its end, e.g. the "not in ε" of the PATE teachers' accuracies at
+        1,100 px). Both are plain text: escaped, never read as markup."""
         if not getattr(self, "_title", ""):  # (also while pyqtgraph's constructor resizes the view)
             return
         label = self.getPlotItem().titleLabel
         font = shown_font(label)
+        small = QFont(font)
+        small.setPointSizeF(SUBTITLE_PT)
         # pyqtgraph puts the title over the view box alone: the room is the plot's width less its value axis
-        room = self.width() - self.getPlotItem().getAxis("left").width() - TITLE_MARGIN_PX
-        lines = wrapped(self._title, QFontMetrics(font), max(40, int(room)))
-        if recolour or lines != self.title_lines:
-            self.title_lines = lines
-            self.getPlotItem().setTitle("<br>".join(html.escape(line) for line in lines),
-                                        color=palette_colours()[1].name())
-            label.setMaximumHeight(30 + QFontMetrics(font).lineSpacing() * (len(lines) - 1))  # (setTitle: 30 px)
+        room = max(40, int(self.width() - self.getPlotItem().getAxis("left").width() - TITLE_MARGIN_PX))
+        lines = wrapped(self._title, QFontMetrics(font), room)
+        sublines = wrapped(self._subtitle, QFontMetrics(small), room) if self._subtitle else []
+        if recolour or lines + sublines != self.title_lines:
+            self.title_lines = lines + sublines
+            text = "<br>".join(html.escape(line) for line in lines)
+            if sublines:
+                text += f"<br><span style='font-size:{SUBTITLE_PT:g}pt'>" + "<br>".join(
+                    html.escape(line) for line in sublines) + "</span>"
+            self.getPlotItem().setTitle(text, color=palette_colours()[1].name())
+            height = (QFontMetrics(font).lineSpacing() * (len(lines) - 1)
+                      + QFontMetrics(small).lineSpacing() * len(sublines))
+            label.setMaximumHeight(30 + height)  # (setTitle: 30 px)
 
     def _title_never_widens(self) -> None:
         """pyqtgraph makes a title's text width the plot's minimum width (LabelItem.updateMin, on every
@@ -471,6 +483,14 @@ class Plot(pg.PlotWidget):
         self.set_line(line, value)
         self.addItem(line, ignoreBounds=True)
         return line
+
+
+def set_line_label(line: pg.InfiniteLine, text: str) -> None:
+    """Label a reference line now. pyqtgraph's `label.setFormat` redraws only a visible label, so a
+    line labelled while hidden (the view not yet shown, the line just about to be) kept its old text:
+    the PATE votes' threshold line showed no label for the first query drawn."""
+    line.label.format = text
+    line.label.setText(text)
 
 
 def ema(y: np.ndarray, weight: float) -> np.ndarray:

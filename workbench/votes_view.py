@@ -15,7 +15,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Qt
 from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
-from workbench.plots import Plot, colour, set_curve
+from workbench.plots import Plot, colour, set_curve, set_line_label
 
 ROLLING = 50  # queries in the consensus running mean
 CLICK_RADIUS_PX = 12  # a click selects the nearest query within this many pixels
@@ -68,8 +68,8 @@ class VotesView(QWidget):
         self.consensus_plot.addItem(self.marker, ignoreBounds=True)
         self.consensus_plot.setToolTip("Click a point to show that query's teacher votes.")
         self.consensus_plot.scene().sigMouseClicked.connect(self._clicked)
-        self.eps_plot = Plot("ε after each query<br><span style='font-size:9pt'>data-dependent: a private "
-                             "diagnostic, not publishable</span>", "query", "ε", legend=False)
+        self.eps_plot = Plot("ε after each query", "query", "ε", legend=False,
+                             subtitle="data-dependent: a private diagnostic, not publishable")
         self.eps_curve = self.eps_plot.curve(None, 4)
         grid.addWidget(self.consensus_plot, 0, 0)
         grid.addWidget(self.eps_plot, 1, 0)
@@ -213,7 +213,7 @@ class VotesView(QWidget):
         threshold = self.threshold()
         if threshold is not None:
             self.threshold_line.setValue(threshold)
-            self.threshold_line.label.setFormat(f"threshold T = {threshold:g} (checked with noise)")
+            set_line_label(self.threshold_line, f"threshold T = {threshold:g} (checked with noise)")
             self.threshold_line.show()
             top = max(top, threshold)
         else:

@@ -64,7 +64,7 @@ def test_pate_dashboard_shows_teachers_queries_and_privacy(pate_window_and_run, 
     ensemble = data.metrics["ensemble_accuracy"].last()
     line = window.dashboard.ensemble_line
     assert line.isVisible() and line.value() == pytest.approx(ensemble)
-    assert line.label.format == f"ensemble {ensemble:.3f}"
+    assert line.label.toPlainText() == f"ensemble {ensemble:.3f}"  # the text drawn, not only its format
     (_, _), (low, high) = window.dashboard.teacher_acc_plot.getPlotItem().getViewBox().viewRange()
     assert low <= ensemble <= high
 
@@ -75,6 +75,9 @@ def test_votes_view_reads_histograms_from_the_store(pate_window_and_run, qtbot):
     window.act_votes.trigger()
     view = window.votes
     assert len(view.rows) == 120
+    # the first query drawn has its threshold labelled (the label was drawn only from the second query on)
+    assert view.threshold_line.isVisible()
+    assert view.threshold_line.label.toPlainText() == "threshold T = 4 (checked with noise)"
     view.query.setValue(5)
     row = Store(window.store.path).votes(run_id, start=5, limit=1)[0]
     assert list(view.bars.opts["height"]) == row["histogram"]
@@ -82,6 +85,8 @@ def test_votes_view_reads_histograms_from_the_store(pate_window_and_run, qtbot):
     assert view.query.maximum() == 119
     # the per-query epsilon is the data-dependent one: a private diagnostic, never shown as publishable
     assert "not publishable" in " ".join(view.eps_plot.title_lines)
+    shown = view.eps_plot.getPlotItem().titleLabel.item.toPlainText()  # the words on screen, not markup
+    assert shown.startswith("ε after each query") and "not publishable" in shown and "<" not in shown
     if row["epsilon_cost"] is not None:
         assert "data-dependent ε" in view.query_info.text() and "not publishable" in view.query_info.text()
 
