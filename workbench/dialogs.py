@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.errors import DPWError, ExportFilesExist
+from workbench.screen import fit_to_screen
 from workbench.settings import Settings
 from workbench.store_client import StoreClient
 
@@ -57,9 +58,15 @@ class Task(QRunnable):
         try:
             result = self.fn()
         except BaseException as exc:  # shown to the user, never lost
-            self.signals.failed.emit(exc)
+            self._tell(self.signals.failed, exc)
             return
-        self.signals.done.emit(result)
+        self._tell(self.signals.done, result)
+
+    def _tell(self, signal, value) -> None:
+        try:
+            signal.emit(value)
+        except RuntimeError:  # "Signal source has been deleted": the window that asked closed (or the app
+            pass  # quit) while this ran; there is nobody left to tell, and a traceback would only alarm
 
 
 def start_task(fn: Callable[[], Any], done: Callable[[Any], None], failed: Callable[[BaseException], None]) -> Task:
@@ -207,7 +214,7 @@ class ReportDialog(QDialog):
         self.report: dict[str, Any] | None = None
         self.html = ""
         self.setWindowTitle(f"Privacy report — run {run['id']} ({run['name']})")
-        self.resize(820, 900)
+        fit_to_screen(self, 820, 900)
         layout = QVBoxLayout(self)
         self.browser = QTextBrowser()
         self.browser.setOpenExternalLinks(True)

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from workbench.screen import fit_to_screen
 from workbench.dialogs import Task, describe_error, start_task
 
 COLUMNS = ["Run", "Name", "Mechanism", "Status", "ε", "δ", "Counted"]
@@ -38,7 +39,7 @@ class LedgerDialog(QDialog):
     def __init__(self, runs: list[dict[str, Any]], deleted: list[dict[str, Any]], parent: QWidget | None = None):
         super().__init__(parent)
         self.setWindowTitle("Privacy ledger")
-        self.resize(900, 480)
+        fit_to_screen(self, 900, 480)
         layout = QVBoxLayout(self)
         intro = QLabel("The privacy spent on each dataset by all its runs, deleted ones included: DP-SGD runs "
                        "composed exactly (PLD, at the largest δ among them), the others by adding their (ε, δ). "

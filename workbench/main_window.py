@@ -36,6 +36,7 @@ from workbench.probe import EngineProbe
 from workbench.run_data import RunData
 from workbench.runs_model import COLUMNS, RunsTable, has_model
 from workbench.runs_panel import RunsPanel
+from workbench.screen import fit_to_screen
 from workbench.settings import Settings
 from workbench.study_dialog import STUDY_FILTER, StudyPlanDialog, StudyProcess
 from workbench.store_client import StoreClient
@@ -250,7 +251,7 @@ class MainWindow(QMainWindow):
         s = self.settings
         geometry = s.bytes("window/geometry")
         if geometry is None or not self.restoreGeometry(geometry):
-            self.resize(1400, 900)
+            fit_to_screen(self, 1400, 900)
         state = s.bytes("window/state")
         if state is not None:
             self.restoreState(state)
