@@ -259,8 +259,9 @@ class CompareView(QWidget):
         # Accuracy is comparable on one dataset, and epsilon within one mechanism: only the shown
         # group's (dataset, mechanism) runs are placed here.
         named = "; ".join(f"{d}, {m}" for d, m in sorted(groups, key=str))
-        self.scatter_plot.set_title("Finished runs" if groups else "All finished runs")
-        self.scatter_plot.setLabel("bottom", "final publishable ε" + (f" ({named})" if groups else ""))
+        # The group goes in the title, which wraps: on the axis it was cut in this small plot.
+        self.scatter_plot.set_title(f"Finished runs ({named})" if groups else "All finished runs")
+        self.scatter_plot.setLabel("bottom", "final publishable ε")
         _, foreground = palette_colours()
         spots = []
         for r in points:

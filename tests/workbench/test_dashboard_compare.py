@@ -25,7 +25,8 @@ def test_the_scatter_leaves_out_other_datasets_and_mechanisms(qtbot):
     view.show_runs(selected, rows)
     placed = sorted(spot.data() for spot in view.scatter.points())
     assert placed == [1, 2, 5]  # not the digits runs, not PATE at ε 159
-    assert view.scatter_plot.getPlotItem().getAxis("bottom").labelText == "final publishable ε (mnist, dpsgd)"
+    assert " ".join(view.scatter_plot.title_lines) == "Finished runs (mnist, dpsgd)"
+    assert view.scatter_plot.getPlotItem().getAxis("bottom").labelText == "final publishable ε"
 
 
 def test_runs_of_other_datasets_or_mechanisms_are_never_on_one_axis(qtbot):
