@@ -104,7 +104,7 @@ def test_a_stopped_run_continues_to_its_end_with_the_epsilon_of_all_its_steps(tm
 def test_dpw_resume_continues_a_killed_runner_from_its_last_checkpoint_once(tmp_path):
     db = tmp_path / "runs.sqlite"
     store = Store(db)
-    first = store.create_run(RunConfig(**{**DIGITS, "epochs": 40}))
+    first = store.create_run(RunConfig(**{**DIGITS, "epochs": 12}))
     proc = start_runner(db, first)
     # the second evaluation's metrics come after the first evaluation's checkpoint was written
     read_events_until(proc, lambda e: e["type"] == "metric" and e["name"] == "test_accuracy" and e["step"] >= 22)
