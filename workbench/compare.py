@@ -243,8 +243,8 @@ class CompareView(QWidget):
         self.banner.setText(banner or "")
         self.banner.setVisible(banner is not None)
         self._scatter(self.all_rows, in_group)
-        where = f" ({group_label(key)})" if key else ""
-        self.tradeoff.setLabel("bottom", "publishable ε" + where)
+        # The group in the title, which wraps (on the axis it was cut at a window 950 px wide)
+        self.tradeoff.set_title("Accuracy against privacy" + (f" ({group_label(key)})" if key else ""))
         self.eps_steps.setLabel("bottom", ("queries" if key and key[1] == "pate" else "step"))
         self.acc_steps.setLabel("bottom", "student step" if key and key[1] == "pate" else "step")
         for plot in (self.tradeoff, self.acc_steps, self.eps_steps, self.scatter_plot):

@@ -31,7 +31,8 @@ MIN_RANGE = 1e-3  # the smallest span an axis shows
 HOVER_RADIUS_PX = 20  # the read-out names the nearest point within this many pixels
 TITLE_MARGIN_PX = 24  # room kept beside a plot's title: a longer one goes on to a second line
 SUBTITLE_PT = 9.0  # a subtitle's size (the title's is pyqtgraph's 11pt)
-LEGEND_SAMPLE_PX = 40  # a legend entry's line sample and the gap before its text
+LEGEND_SAMPLE_PX = 40
+TICK_GAP_PX = 10  # the least room between two tick labels of a horizontal axis  # a legend entry's line sample and the gap before its text
 
 
 def colour(index: int) -> QColor:
@@ -78,6 +79,30 @@ def shown_font(label: pg.LabelItem) -> QFont:
     return font
 
 
+class SpacedAxis(pg.AxisItem):
+    """A horizontal axis whose tick labels never run into one another. pyqtgraph spaces ticks by the
+    axis's length alone: in a narrow plot (Compare's scatter in a window 950 px wide) the labels read
+    "185185.4". The major spacing goes up the 1-2-5 steps until the labels fit."""
+
+    def tickSpacing(self, minVal: float, maxVal: float, size: float):  # noqa: N802, N803 (pyqtgraph's names)
+        levels = super().tickSpacing(minVal, maxVal, size)
+        if not levels or self.orientation not in ("bottom", "top") or self.logMode or self._tickSpacing:
+            return levels
+        spacing, offset = levels[0]
+        metrics = QFontMetrics(self.style.get("tickFont") or self.font())
+        low, high = min(minVal, maxVal), max(minVal, maxVal)
+        for _ in range(8):
+            values = np.arange(math.ceil(low / spacing) * spacing, high + spacing * 1e-9, spacing)
+            if len(values) <= 2:
+                break
+            strings = self.tickStrings(list(values), self.autoSIPrefixScale * self.scale, spacing)
+            if sum(metrics.horizontalAdvance(text) for text in strings) + TICK_GAP_PX * len(values) <= size:
+                break
+            mantissa = spacing / 10 ** math.floor(math.log10(spacing) + 1e-9)
+            spacing *= 2.5 if round(mantissa) == 2 else 2.0  # 1 -> 2 -> 5 -> 10
+        return [(spacing, offset)] + [level for level in levels[1:] if level[0] < spacing]
+
+
 class Plot(pg.PlotWidget):
     """A plot with palette colours, axis labels, a legend and a grid; re-coloured on palette change."""
 
@@ -87,7 +112,7 @@ class Plot(pg.PlotWidget):
         """`log_axis`: offer a log value axis in the context menu; `y_bounds`: the value axis never
         leaves them (accuracy: (0, 1)); `subtitle`: a smaller line under the title (plain text, as the
         title). `corner` is accepted for older callers: legends sit under the plot."""
-        super().__init__(parent=parent)
+        super().__init__(parent=parent, axisItems={"bottom": SpacedAxis("bottom")})
         del self.clear  # PlotWidget binds PlotItem.clear to each instance; Plot.clear keeps the read-out
         self._title = title
         self._subtitle = subtitle

@@ -108,3 +108,27 @@ def test_a_legend_entry_wider_than_the_plot_goes_on_to_more_lines_whole(qtbot):
     plot.resize(900, 400)
     qtbot.wait(100)
     assert label.text == name
+
+
+def test_tick_labels_of_a_narrow_plot_never_run_into_one_another(qtbot):
+    """pyqtgraph spaces ticks by the axis's length alone: Compare's scatter at 950 px read "185185.4"."""
+    import math
+
+    from PySide6.QtGui import QFontMetrics
+
+    plot = Plot("Finished runs", "final publishable ε", "final test accuracy", legend=False)
+    qtbot.addWidget(plot)
+    plot.show()
+    axis = plot.getPlotItem().getAxis("bottom")
+    metrics = QFontMetrics(axis.style.get("tickFont") or axis.font())
+
+    def labels(size: float) -> list[str]:
+        spacing = axis.tickSpacing(185.0, 185.6, size)[0][0]
+        first = math.ceil(185.0 / spacing) * spacing
+        values = [first + i * spacing for i in range(int((185.6 - first) / spacing + 1e-9) + 1)]
+        return axis.tickStrings(values, 1.0, spacing)
+
+    narrow = labels(110)
+    assert len(narrow) >= 2 and sum(metrics.horizontalAdvance(t) + 10 for t in narrow) <= 110, narrow
+    wide = axis.tickSpacing(185.0, 185.6, 900)
+    assert wide == pg.AxisItem.tickSpacing(axis, 185.0, 185.6, 900)  # where they fit: pyqtgraph's own ticks

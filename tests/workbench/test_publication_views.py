@@ -69,7 +69,8 @@ def test_compare_places_pate_at_its_publishable_epsilon_and_labels_seeded_runs(q
     view.show_runs(runs, rows())
     positions = {spot.data(): spot.pos().x() for spot in view.scatter.points()}
     assert positions == {1: 3.0, 2: 3.0}  # one mechanism per axis: PATE is in a group of its own
-    assert view.tradeoff.getPlotItem().getAxis("bottom").labelText.startswith("publishable ε")
+    assert view.tradeoff.getPlotItem().getAxis("bottom").labelText == "publishable ε"
+    assert " ".join(view.tradeoff.title_lines) == "Accuracy against privacy (? · DP-SGD)"  # rows name no dataset
     view.show_group(next(k for k in view.groups if k[1] == "pate"))
     assert {spot.data(): spot.pos().x() for spot in view.scatter.points()} == {3: 2.5}
     view.show_group(next(k for k in view.groups if k[1] == "dpsgd"))
