@@ -32,7 +32,7 @@ HOVER_RADIUS_PX = 20  # the read-out names the nearest point within this many pi
 TITLE_MARGIN_PX = 24  # room kept beside a plot's title: a longer one goes on to a second line
 SUBTITLE_PT = 9.0  # a subtitle's size (the title's is pyqtgraph's 11pt)
 LEGEND_SAMPLE_PX = 40
-TICK_GAP_PX = 10  # the least room between two tick labels of a horizontal axis  # a legend entry's line sample and the gap before its text
+TICK_GAP_PX = 10  # the least room between two tick labels along an axis  # a legend entry's line sample and the gap before its text
 
 
 def colour(index: int) -> QColor:
@@ -80,14 +80,16 @@ def shown_font(label: pg.LabelItem) -> QFont:
 
 
 class SpacedAxis(pg.AxisItem):
-    """A horizontal axis whose tick labels never run into one another. pyqtgraph spaces ticks by the
-    axis's length alone: in a narrow plot (Compare's scatter in a window 950 px wide) the labels read
-    "185185.4". The major spacing goes up the 1-2-5 steps until the labels fit."""
+    """An axis whose tick labels never run into one another. pyqtgraph spaces ticks by the axis's
+    length alone: in a narrow plot (Compare's scatter in a window 950 px wide) the labels read
+    "185185.4", and in a short one (Compare's membership tests) "0.8" sat on "0.6". The major
+    spacing goes up the 1-2-5 steps until the labels fit."""
 
     def tickSpacing(self, minVal: float, maxVal: float, size: float):  # noqa: N802, N803 (pyqtgraph's names)
         levels = super().tickSpacing(minVal, maxVal, size)
-        if not levels or self.orientation not in ("bottom", "top") or self.logMode or self._tickSpacing:
+        if not levels or self.logMode or self._tickSpacing:
             return levels
+        across = self.orientation in ("bottom", "top")
         spacing, offset = levels[0]
         metrics = QFontMetrics(self.style.get("tickFont") or self.font())
         low, high = min(minVal, maxVal), max(minVal, maxVal)
@@ -96,7 +98,8 @@ class SpacedAxis(pg.AxisItem):
             if len(values) <= 2:
                 break
             strings = self.tickStrings(list(values), self.autoSIPrefixScale * self.scale, spacing)
-            if sum(metrics.horizontalAdvance(text) for text in strings) + TICK_GAP_PX * len(values) <= size:
+            extents = [metrics.horizontalAdvance(text) if across else metrics.height() for text in strings]
+            if sum(extents) + TICK_GAP_PX * len(values) <= size:
                 break
             mantissa = spacing / 10 ** math.floor(math.log10(spacing) + 1e-9)
             spacing *= 2.5 if round(mantissa) == 2 else 2.0  # 1 -> 2 -> 5 -> 10
@@ -112,7 +115,7 @@ class Plot(pg.PlotWidget):
         """`log_axis`: offer a log value axis in the context menu; `y_bounds`: the value axis never
         leaves them (accuracy: (0, 1)); `subtitle`: a smaller line under the title (plain text, as the
         title). `corner` is accepted for older callers: legends sit under the plot."""
-        super().__init__(parent=parent, axisItems={"bottom": SpacedAxis("bottom")})
+        super().__init__(parent=parent, axisItems={"bottom": SpacedAxis("bottom"), "left": SpacedAxis("left")})
         del self.clear  # PlotWidget binds PlotItem.clear to each instance; Plot.clear keeps the read-out
         self._title = title
         self._subtitle = subtitle

@@ -132,3 +132,17 @@ def test_tick_labels_of_a_narrow_plot_never_run_into_one_another(qtbot):
     assert len(narrow) >= 2 and sum(metrics.horizontalAdvance(t) + 10 for t in narrow) <= 110, narrow
     wide = axis.tickSpacing(185.0, 185.6, 900)
     assert wide == pg.AxisItem.tickSpacing(axis, 185.0, 185.6, 900)  # where they fit: pyqtgraph's own ticks
+
+
+def test_tick_labels_of_a_short_plot_never_sit_on_one_another(qtbot):
+    """Compare's membership-tests plot at 950 px: "0.8" sat on "0.6" on its 40 px value axis."""
+    from PySide6.QtGui import QFontMetrics
+
+    plot = Plot("Membership tests", "FPR", "TPR", legend=False)
+    qtbot.addWidget(plot)
+    axis = plot.getPlotItem().getAxis("left")
+    height = QFontMetrics(axis.style.get("tickFont") or axis.font()).height()
+    spacing = axis.tickSpacing(0.0, 1.0, 60)[0][0]
+    count = int(1.0 / spacing + 1e-9) + 1
+    assert count >= 2 and count * (height + 10) <= 60
+    assert axis.tickSpacing(0.0, 1.0, 600) == pg.AxisItem.tickSpacing(axis, 0.0, 1.0, 600)
