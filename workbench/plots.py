@@ -32,7 +32,8 @@ HOVER_RADIUS_PX = 20  # the read-out names the nearest point within this many pi
 TITLE_MARGIN_PX = 24  # room kept beside a plot's title: a longer one goes on to a second line
 SUBTITLE_PT = 9.0  # a subtitle's size (the title's is pyqtgraph's 11pt)
 LEGEND_SAMPLE_PX = 40
-TICK_GAP_PX = 10  # the least room between two tick labels along an axis  # a legend entry's line sample and the gap before its text
+TICK_GAP_PX = 10  # the least room between two tick labels side by side
+TICK_GAP_UP_PX = 2  # and between two one above the other (a line's height already has some)  # a legend entry's line sample and the gap before its text
 
 
 def colour(index: int) -> QColor:
@@ -99,7 +100,7 @@ class SpacedAxis(pg.AxisItem):
                 break
             strings = self.tickStrings(list(values), self.autoSIPrefixScale * self.scale, spacing)
             extents = [metrics.horizontalAdvance(text) if across else metrics.height() for text in strings]
-            if sum(extents) + TICK_GAP_PX * len(values) <= size:
+            if sum(extents) + (TICK_GAP_PX if across else TICK_GAP_UP_PX) * len(values) <= size:
                 break
             mantissa = spacing / 10 ** math.floor(math.log10(spacing) + 1e-9)
             spacing *= 2.5 if round(mantissa) == 2 else 2.0  # 1 -> 2 -> 5 -> 10

@@ -144,5 +144,5 @@ def test_tick_labels_of_a_short_plot_never_sit_on_one_another(qtbot):
     height = QFontMetrics(axis.style.get("tickFont") or axis.font()).height()
     spacing = axis.tickSpacing(0.0, 1.0, 60)[0][0]
     count = int(1.0 / spacing + 1e-9) + 1
-    assert count >= 2 and count * (height + 10) <= 60
+    assert count >= 2 and count * (height + 2) <= 60
     assert axis.tickSpacing(0.0, 1.0, 600) == pg.AxisItem.tickSpacing(axis, 0.0, 1.0, 600)
