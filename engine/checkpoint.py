@@ -1,8 +1,8 @@
 """Checkpoints of a training run, and continuing a run that ended early from its last one.
 
 A DP-SGD (or non-private) run in one process writes `checkpoint.pt` beside its saved model at every
-evaluation and when training ends, however it ends: the weights, the optimizer's state and the step
-count. A run that was stopped, or that failed part-way (killed, out of memory, the machine went down),
+evaluation, at least every CHECKPOINT_EVERY_S seconds of training between them, and when training
+ends, however it ends: the weights, the optimizer's state and the step count. A run that was stopped, or that failed part-way (killed, out of memory, the machine went down),
 can then be continued (`dpw resume RUN`) as a new run from that step instead of from the start.
 
 The privacy side: a checkpoint holds only what DP-SGD released up to its step (the noisy model and
@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # torch is imported where a checkpoint is written or read: th
     import torch
 
 CHECKPOINT_FILE = "checkpoint.pt"
+CHECKPOINT_EVERY_S = 300.0  # the most training a kill loses when evaluations are further apart than this
 FORMAT = 1
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import privacy
+from engine import checkpoint, privacy
 from engine.config import RunConfig
 from engine.datasets import Dataset
 from engine.errors import ConfigError, DPWError
@@ -277,8 +277,9 @@ def train(
     Poisson sampling and noise come from the run's private randomness (engine.randomness).
     With `audit_canaries`, the canaries ride along (engine.dpsgd.canaries) and the result's
     `extra["canaries"]` holds the audit's counts and epsilon lower bound. With `checkpoint_path`, a
-    checkpoint is written there at every evaluation and when training ends (engine.checkpoint); with
-    `resume` (a loaded checkpoint) training continues from its step, its steps counted in epsilon."""
+    checkpoint is written there at every evaluation, every CHECKPOINT_EVERY_S between them and when
+    training ends (engine.checkpoint); with `resume` (a loaded checkpoint) training continues from its
+    step, its steps counted in epsilon."""
     torch.manual_seed(config.seed)
     accelerate_model(model.to(device).train())
     x_train, y_train = data.x_train.to(device), data.y_train.to(device)
@@ -336,13 +337,14 @@ def train(
     evaluated_at = -1
     losses = _LossReport(emit, steps_per_epoch)
 
-    checkpoints = {"path": checkpoint_path}
+    checkpoints = {"path": checkpoint_path, "written": t0}
 
     def save_checkpoint_now() -> None:
         """A checkpoint that cannot be written (full disk, a file where its folder goes) never ends the
         run: it is said once, and the run goes on without them."""
         if checkpoints["path"] is None:
             return
+        checkpoints["written"] = time.monotonic()
         try:
             save_checkpoint(checkpoints["path"], model=model, optimizer=optimizer, step=step)
         except (OSError, RuntimeError) as exc:
@@ -392,6 +394,8 @@ def train(
             evaluated_at = step
             save_checkpoint_now()
         now = time.monotonic()
+        if now - checkpoints["written"] >= checkpoint.CHECKPOINT_EVERY_S:  # evaluations far apart: a kill
+            save_checkpoint_now()  # loses no more than this much training
         if now - last_progress > 0.5 or step == total:
             emit("progress", phase="training", done=step, total=total)
             last_progress = now

@@ -66,6 +66,37 @@ def test_a_checkpoint_restores_weights_and_optimizer_state_and_a_failed_write_ke
     assert load_checkpoint(path)["step"] == 7 and [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_FILE]
 
 
+class PowerCut(StopFlag):
+    """The machine goes down before step `steps + 1`: training ends by an exception, not a stop."""
+
+    def __init__(self, steps: int):
+        super().__init__()
+        self.asked, self.steps = 0, steps
+
+    def __call__(self) -> bool:
+        self.asked += 1
+        if self.asked > self.steps + 1:
+            raise RuntimeError("the machine went down")
+        return False
+
+
+def test_a_checkpoint_is_written_between_evaluations_that_are_far_apart(tmp_path, monkeypatch):
+    """Evaluations an hour apart (one per epoch of a large dataset) would let a kill lose an hour of
+    training: a checkpoint is also written every CHECKPOINT_EVERY_S (here: after every step)."""
+    from engine import checkpoint
+
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = store.create_run(RunConfig(**{**DIGITS, "evaluations_per_epoch": 1}))  # evaluated at step 22
+    monkeypatch.setattr(checkpoint, "CHECKPOINT_EVERY_S", 0.0)
+    execute(store, run_id, stream=None, stop=PowerCut(7))
+    assert store.get_run(run_id)["status"] == "failed"
+    assert load_checkpoint(artifacts_dir(store, run_id) / CHECKPOINT_FILE)["step"] == 7
+    monkeypatch.setattr(checkpoint, "CHECKPOINT_EVERY_S", 3600.0)  # the default's effect: only evaluations
+    again = store.create_run(RunConfig(**{**DIGITS, "evaluations_per_epoch": 1}))
+    execute(store, again, stream=None, stop=PowerCut(7))
+    assert not (artifacts_dir(store, again) / CHECKPOINT_FILE).exists()
+
+
 def test_a_damaged_or_missing_checkpoint_is_refused_in_one_line(tmp_path):
     bad = tmp_path / CHECKPOINT_FILE
     bad.write_bytes(b"not a checkpoint at all")
