@@ -32,6 +32,7 @@ HOVER_RADIUS_PX = 20  # the read-out names the nearest point within this many pi
 TITLE_MARGIN_PX = 24  # room kept beside a plot's title: a longer one goes on to a second line
 SUBTITLE_PT = 9.0  # a subtitle's size (the title's is pyqtgraph's 11pt)
 LEGEND_SAMPLE_PX = 40
+LABEL_BACKGROUND_ALPHA = 200  # of a reference line's label background (255: opaque)
 TICK_GAP_PX = 10  # the least room between two tick labels side by side
 TICK_GAP_UP_PX = 2  # and between two one above the other (a line's height already has some)  # a legend entry's line sample and the gap before its text
 
@@ -514,12 +515,17 @@ class Plot(pg.PlotWidget):
         return line
 
 
-def set_line_label(line: pg.InfiniteLine, text: str) -> None:
+def set_line_label(line: pg.InfiniteLine, text: str, *, backed: bool = False) -> None:
     """Label a reference line now. pyqtgraph's `label.setFormat` redraws only a visible label, so a
     line labelled while hidden (the view not yet shown, the line just about to be) kept its old text:
     the PATE votes' threshold line showed no label for the first query drawn."""
     line.label.format = text
     line.label.setText(text)
+    if backed:  # on a background of the palette's: readable over a bar (the votes' threshold crosses the
+        background = QColor(palette_colours()[0])  # winning one), the plot still seen through it
+        background.setAlpha(LABEL_BACKGROUND_ALPHA)
+        line.label.fill = pg.mkBrush(background)
+        line.label.update()
 
 
 def ema(y: np.ndarray, weight: float) -> np.ndarray:

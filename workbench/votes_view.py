@@ -213,7 +213,7 @@ class VotesView(QWidget):
         threshold = self.threshold()
         if threshold is not None:
             self.threshold_line.setValue(threshold)
-            set_line_label(self.threshold_line, f"threshold T = {threshold:g} (checked with noise)")
+            set_line_label(self.threshold_line, f"threshold T = {threshold:g} (checked with noise)", backed=True)
             self.threshold_line.show()
             top = max(top, threshold)
         else:

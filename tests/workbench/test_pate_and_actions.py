@@ -78,6 +78,9 @@ def test_votes_view_reads_histograms_from_the_store(pate_window_and_run, qtbot):
     # the first query drawn has its threshold labelled (the label was drawn only from the second query on)
     assert view.threshold_line.isVisible()
     assert view.threshold_line.label.toPlainText() == "threshold T = 4 (checked with noise)"
+    from PySide6.QtCore import Qt
+
+    assert view.threshold_line.label.fill.style() != Qt.BrushStyle.NoBrush  # readable where it crosses a bar
     view.query.setValue(5)
     row = Store(window.store.path).votes(run_id, start=5, limit=1)[0]
     assert list(view.bars.opts["height"]) == row["histogram"]
