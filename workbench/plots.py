@@ -31,10 +31,10 @@ MIN_RANGE = 1e-3  # the smallest span an axis shows
 HOVER_RADIUS_PX = 20  # the read-out names the nearest point within this many pixels
 TITLE_MARGIN_PX = 24  # room kept beside a plot's title: a longer one goes on to a second line
 SUBTITLE_PT = 9.0  # a subtitle's size (the title's is pyqtgraph's 11pt)
-LEGEND_SAMPLE_PX = 40
+LEGEND_SAMPLE_PX = 40  # a legend entry's line sample and the gap before its text
 LABEL_BACKGROUND_ALPHA = 200  # of a reference line's label background (255: opaque)
 TICK_GAP_PX = 10  # the least room between two tick labels side by side
-TICK_GAP_UP_PX = 2  # and between two one above the other (a line's height already has some)  # a legend entry's line sample and the gap before its text
+TICK_GAP_UP_PX = 2  # and between two one above the other (a line's height already has some)
 
 
 def colour(index: int) -> QColor:
