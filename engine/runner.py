@@ -127,14 +127,14 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
 
         prepared = prepare(config, emit=emit, data_parallel=data_parallel)
         store_votes(prepared, store, run_id)
-        if isinstance(prepared, PreparedRun) and data_parallel is None:
+        if isinstance(prepared, PreparedRun):  # under torchrun this is rank 0, whose weights are every rank's
             prepared.checkpoint_path = checkpoint_of(store, run_id)
-            if resume is not None:
-                check_continues(parent, prepared)
-                prepared.resume = resume
-        elif resume is not None:
-            raise CannotResume(f"run {parent['id']} cannot be continued in this way (one process, DP-SGD or "
-                               "non-private)")
+        if resume is not None:  # (`dpw resume` continues in one process, whatever the first run's count)
+            if not isinstance(prepared, PreparedRun) or data_parallel is not None:
+                raise CannotResume(f"run {parent['id']} cannot be continued in this way (one process, DP-SGD or "
+                                   "non-private)")
+            check_continues(parent, prepared)
+            prepared.resume = resume
         phase = "training"
         if stop():
             result = None
@@ -165,8 +165,8 @@ def resumable(store: Store, parent_id: int, *, for_run: int | None = None) -> di
         raise CannotResume(f"run {parent_id} was already continued by run {later[-1]}: continuing it again "
                            "would spend privacy on the same steps twice", hint=f"continue run {later[-1]} instead")
     if not checkpoint_of(store, parent_id).is_file():
-        raise CannotResume(f"run {parent_id} kept no checkpoint (it ended before its first evaluation, or was "
-                           "trained by several processes)", hint="start a new run instead")
+        raise CannotResume(f"run {parent_id} kept no checkpoint (it ended before its first one was written)",
+                           hint="start a new run instead")
     return parent
 
 

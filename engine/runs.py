@@ -42,7 +42,7 @@ class PreparedRun:
     emit: Emit
     data_parallel: Any = None  # engine.dpsgd.distributed.DataParallel in a `--nproc` run
     parameters_identical: bool | None = None  # a distributed run: every rank ended with the same weights
-    checkpoint_path: Path | None = None  # where a one-process run keeps its checkpoint (engine.checkpoint)
+    checkpoint_path: Path | None = None  # where the run (rank 0 of several) keeps its checkpoint (engine.checkpoint)
     resume: dict[str, Any] | None = None  # the checkpoint a continued run starts from
 
     def train(self, should_stop: Callable[[], bool] = lambda: False) -> trainer.TrainResult:
@@ -56,6 +56,7 @@ class PreparedRun:
         result = trainer.train(
             self.model, parallel.shard(self.data), self.config, self.plan, device=self.device, emit=self.emit,
             should_stop=lambda: parallel.agree_to_stop(should_stop()), data_parallel=parallel,
+            checkpoint_path=self.checkpoint_path,  # rank 0's (the others have none): the same weights on every rank
         )
         self.parameters_identical = len(set(parallel.parameters_digest(self.model))) == 1
         if not self.parameters_identical:

@@ -220,11 +220,11 @@ def _open_files(pid: int) -> set[str]:
 
 def test_a_killed_rank_fails_the_run_with_its_privacy_spent_recorded(tmp_path):
     db = str(tmp_path / "runs.sqlite")
-    proc = _dpw("run", _config(tmp_path, "long", epochs=400), "--db", db, "--json", "--nproc", "2",
+    proc = _dpw("run", _config(tmp_path, "long", epochs=6), "--db", db, "--json", "--nproc", "2",
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         privacy_events = 0
-        while privacy_events < 5:
+        while privacy_events < 30:  # past the first evaluation (step 22) and its checkpoint
             line = proc.stdout.readline()
             assert line, proc.stderr.read()
             privacy_events += json.loads(line)["type"] == "privacy"
@@ -243,3 +243,14 @@ def test_a_killed_rank_fails_the_run_with_its_privacy_spent_recorded(tmp_path):
     assert run["epsilon"] is not None and run["epsilon"] > 0  # the ledger kept what the steps spent
     assert run["steps_done"] is None or run["steps_done"] < run["steps_planned"]
     assert "Traceback" not in err.split("error:")[-1]
+    # rank 0 kept its checkpoint: the run goes on in one process, its epsilon that of all its steps
+    from engine import privacy
+
+    resumed = CliRunner().invoke(cli, ["resume", "1", "--db", db])
+    assert resumed.exit_code == 0, resumed.output
+    second = Store(db).get_run(2)
+    assert second["status"] == "finished" and second["steps_done"] == second["steps_planned"]
+    assert second["steps_resumed"] % 22 == 0 and 22 <= second["steps_resumed"] <= run["steps_done"]
+    whole = privacy.dpsgd_epsilon(sample_rate=second["sample_rate"], noise_multiplier=1.0,
+                                  steps=second["steps_done"], delta=1e-5)
+    assert second["epsilon"] == pytest.approx(whole.value, rel=1e-9)
