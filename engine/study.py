@@ -38,6 +38,7 @@ the composition of the candidates started so far: a kill at any moment leaves th
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -189,9 +190,17 @@ def composition_epsilon(configs: list[RunConfig], num_train: int, delta: float, 
 
 def _own_epsilon(plan, delta: float) -> float:
     """The epsilon a DP-SGD candidate states for itself at `delta`, as its run accounts it."""
-    return dpsgd_epsilon(sample_rate=plan.sample_rate, noise_multiplier=plan.noise_multiplier,
-                         steps=plan.steps_planned, delta=delta, accountant=plan.accountant,
-                         statistics_noise_multiplier=plan.statistics_noise_multiplier).value
+    return _stated_epsilon(plan.sample_rate, plan.noise_multiplier, plan.steps_planned, delta, plan.accountant,
+                           plan.statistics_noise_multiplier)
+
+
+@functools.lru_cache(maxsize=1024)
+def _stated_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta: float, accountant: str,
+                    statistics_noise_multiplier: float | None) -> float:
+    """dpsgd_epsilon's value, kept: a study composes every prefix of its candidates (before each one
+    starts), most of them with the same privacy settings."""
+    return dpsgd_epsilon(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps, delta=delta,
+                         accountant=accountant, statistics_noise_multiplier=statistics_noise_multiplier).value
 
 
 def training_size(config: RunConfig) -> int | None:
