@@ -60,8 +60,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     import torch
 
     if not path.is_file():
-        raise CannotResume(f"{path}: no checkpoint there", hint="only a run that reached an evaluation "
-                           "(or its end) keeps one; start the run again instead")
+        raise CannotResume(f"{path}: no checkpoint there", hint="a run writes one at each evaluation, every "
+                           "5 minutes of training and at its end; start the run again instead")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a damaged or foreign file, whatever torch says of it
@@ -102,12 +102,28 @@ def resume_problem(parent: dict[str, Any]) -> str | None:
     return None
 
 
+def resume_refusal(run: dict[str, Any], *, continued_by: list[int], checkpoint: Path) -> CannotResume | None:
+    """Why `dpw resume` (the window's Continue run) cannot take `run`, None when it can: the kind of
+    run, continued already (`continued_by`: the runs that continue it), or no checkpoint at `checkpoint`."""
+    problem = resume_problem(run)
+    if problem:
+        return CannotResume(problem, hint="start a new run instead")
+    ref = f"run {run['id']}"
+    if continued_by:
+        return CannotResume(f"{ref} was already continued by run {continued_by[-1]}: continuing it again "
+                            "would spend privacy on the same steps twice",
+                            hint=f"continue run {continued_by[-1]} instead")
+    if not checkpoint.is_file():
+        return CannotResume(f"{ref} kept no checkpoint (it ended before its first one was written)",
+                            hint="start a new run instead")
+    return None
+
+
 def can_continue(run: dict[str, Any], *, store: Any, continued_by: list[int]) -> bool:
-    """Whether `dpw resume` (the window's Continue run) can take `run`: the kind of run, not continued
-    already (`continued_by`: the runs that continue it), and a checkpoint kept in `store`'s folder."""
+    """Whether `dpw resume` can take `run` (resume_refusal), its checkpoint looked for in `store`'s folder."""
     from engine.runner import checkpoint_of
 
-    return resume_problem(run) is None and not continued_by and checkpoint_of(store, run["id"]).is_file()
+    return resume_refusal(run, continued_by=continued_by, checkpoint=checkpoint_of(store, run["id"])) is None
 
 
 def _to_cpu(value: Any) -> Any:

@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from engine.checkpoint import CHECKPOINT_FILE, CannotResume, load_checkpoint, resume_problem
+from engine.checkpoint import CHECKPOINT_FILE, CannotResume, load_checkpoint, resume_refusal
 from engine.config import RunConfig
 from engine.errors import DPWError, explain
 from engine.events import EventWriter
@@ -157,16 +157,10 @@ def resumable(store: Store, parent_id: int, *, for_run: int | None = None) -> di
     (by a run other than `for_run`), a checkpoint kept. Reads no checkpoint (no torch): `dpw resume` and
     the window ask this before they store a run; the runner asks again and then loads the checkpoint."""
     parent = store.get_run(parent_id)
-    problem = resume_problem(parent)
-    if problem:
-        raise CannotResume(problem, hint="start a new run instead")
     later = [i for i in store.continued_by(parent_id) if i != for_run]
-    if later:
-        raise CannotResume(f"run {parent_id} was already continued by run {later[-1]}: continuing it again "
-                           "would spend privacy on the same steps twice", hint=f"continue run {later[-1]} instead")
-    if not checkpoint_of(store, parent_id).is_file():
-        raise CannotResume(f"run {parent_id} kept no checkpoint (it ended before its first one was written)",
-                           hint="start a new run instead")
+    refusal = resume_refusal(parent, continued_by=later, checkpoint=checkpoint_of(store, parent_id))
+    if refusal is not None:
+        raise refusal
     return parent
 
 
