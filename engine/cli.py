@@ -202,9 +202,9 @@ def resume(run_ref: str, db: Path | None, as_json: bool) -> None:
     \b
     Example: dpw resume 12
     """
+    from engine.checkpoint import load_checkpoint
     from engine.config import RunConfig
     from engine.precheck import check_before_storing
-    from engine.checkpoint import load_checkpoint
     from engine.runner import check_continues, checkpoint_of, resumable
 
     store = open_store(db)

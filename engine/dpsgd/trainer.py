@@ -23,7 +23,6 @@ from engine import checkpoint, privacy
 from engine.config import RunConfig
 from engine.datasets import Dataset
 from engine.errors import ConfigError, DPWError
-from engine.checkpoint import apply_checkpoint, save_checkpoint
 from engine.dpsgd import mechanism
 from engine.dpsgd.canaries import GradientCanaries, InputCanaries
 from engine.dpsgd.cuda_graphs import GraphedClippedSum, clipped_sum_for
@@ -289,7 +288,7 @@ def train(
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(config, params)
     if resume is not None:
-        apply_checkpoint(resume, model, optimizer)
+        checkpoint.apply_checkpoint(resume, model, optimizer)
     private = PrivateRandomness.for_run(config) if plan.private or config.audit_canaries else None
     canaries = _draw_canaries(config, plan, private, x_train=x_train, num_classes=data.num_classes,
                               params=params, device=device, emit=emit)
@@ -346,7 +345,7 @@ def train(
             return
         checkpoints["written"] = time.monotonic()
         try:
-            save_checkpoint(checkpoints["path"], model=model, optimizer=optimizer, step=step)
+            checkpoint.save_checkpoint(checkpoints["path"], model=model, optimizer=optimizer, step=step)
         except (OSError, RuntimeError) as exc:
             checkpoints["path"] = None
             emit("warning", message=f"no checkpoint kept at {checkpoint_path} ({exc}): if this run ends early it "
