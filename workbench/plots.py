@@ -71,6 +71,11 @@ def wrapped(text: str, metrics: QFontMetrics, width: int) -> list[str]:
     return lines or [text]
 
 
+def as_html_lines(lines: list[str]) -> str:
+    """Plain-text lines as one label's HTML: escaped (never read as markup), joined by line breaks."""
+    return "<br>".join(html.escape(line) for line in lines)
+
+
 def shown_font(label: pg.LabelItem) -> QFont:
     """The font a pyqtgraph label draws its text in: its HTML sets the size (a title 11pt, a legend
     entry 9pt), not the item's font."""
@@ -214,7 +219,7 @@ class Plot(pg.PlotWidget):
             if full is None:
                 full = label.full_text = label.text
             lines = wrapped(full, QFontMetrics(shown_font(label)), room)
-            text = full if len(lines) == 1 else "<br>".join(html.escape(line) for line in lines)
+            text = full if len(lines) == 1 else as_html_lines(lines)
             if text != label.text:
                 label.setText(text)
 
@@ -288,10 +293,9 @@ class Plot(pg.PlotWidget):
         sublines = wrapped(self._subtitle, QFontMetrics(small), room) if self._subtitle else []
         if recolour or lines + sublines != self.title_lines:
             self.title_lines = lines + sublines
-            text = "<br>".join(html.escape(line) for line in lines)
+            text = as_html_lines(lines)
             if sublines:
-                text += f"<br><span style='font-size:{SUBTITLE_PT:g}pt'>" + "<br>".join(
-                    html.escape(line) for line in sublines) + "</span>"
+                text += f"<br><span style='font-size:{SUBTITLE_PT:g}pt'>{as_html_lines(sublines)}</span>"
             self.getPlotItem().setTitle(text, color=palette_colours()[1].name())
             height = (QFontMetrics(font).lineSpacing() * (len(lines) - 1)
                       + QFontMetrics(small).lineSpacing() * len(sublines))
