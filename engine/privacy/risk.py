@@ -52,6 +52,7 @@ import numpy as np
 
 from engine.privacy import _validate
 from engine.privacy import pld as _pld
+from engine.privacy._search import find_boundary, log_of
 
 __all__ = [
     "DEFAULT_FPR",
@@ -394,10 +395,11 @@ def calibrate_noise_multiplier_for_attack(
 ) -> float:
     """Smallest noise multiplier, on the grid of multiples of `tolerance`, whose attack TPR <= target.
 
-    The TPR bound at `fpr` of DP-SGD falls as the noise grows; bisection on sigma = m * tolerance
-    returns the smallest m with highest_tpr(sigma) <= target_tpr [KGFP24, Sec. 4], i.e. rounded
-    up so the target is met. ValueError when the target cannot be met within `noise_range`, or
-    is already met at its lower end, or is below `fpr` (no mechanism does better than guessing).
+    The TPR bound at `fpr` of DP-SGD falls as the noise grows; a search on sigma = m * tolerance
+    (engine.privacy._search) returns the smallest m with highest_tpr(sigma) <= target_tpr
+    [KGFP24, Sec. 4], i.e. rounded up so the target is met. ValueError when the target cannot be
+    met within `noise_range`, or is already met at its lower end, or is below `fpr` (no mechanism
+    does better than guessing).
     """
     q = _validate.sample_rate(sample_rate)
     t = _validate.steps(steps)
@@ -435,44 +437,13 @@ def calibrate_noise_multiplier_for_attack(
             f"target_tpr={target:g} at fpr={alpha:g} cannot be reached with noise_multiplier <= {hi_sigma:g} "
             f"(TPR there is {tpr_top:.4g}); allow a higher TPR, fewer steps or a smaller sample rate"
         )
-    good = _search_down(lambda m: math.log(max(tpr_of(m) - alpha, 1e-300)), math.log(target - alpha), m_lo, m_hi)
+    def score(m: int) -> float:  # the TPR's excess over guessing, searched on the log scale
+        return log_of(tpr_of(m) - alpha)
+
+    good = find_boundary(score, log_of(target - alpha), m_hi, score(m_hi), m_lo - 1, math.inf, log_scale=True)
     if good == m_lo:
         raise ValueError(
             f"target_tpr={target:g} at fpr={alpha:g} is already met at noise_multiplier={lo_sigma:g} "
             f"(TPR {tpr_of(m_lo):.4g}); the calibrated value would be below the supported range"
         )
     return sigma_of(good)
-
-
-def _search_down(score, goal: float, lo: int, hi: int) -> int:
-    """Smallest m in [lo, hi] with score(m) <= goal, given score(hi) <= goal and score non-increasing.
-
-    Illinois regula falsi over log m, with a bisection step (geometric while the bracket is wide)
-    whenever two steps did not halve the bracket: a handful of evaluations instead of
-    ~log2(hi - lo), and the slow low end of the range is evaluated only if the search gets there.
-    """
-    bad, good = lo - 1, hi  # score(good) <= goal; score(m) > goal for every m <= bad
-    a_bad, a_good = math.inf, score(hi)
-    side, widths = 0, [good - bad]
-    while good - bad > 1:
-        stalled = len(widths) >= 3 and 2 * widths[-1] > widths[-3]
-        low = max(bad, lo)
-        if stalled or not math.isfinite(a_bad) or a_bad <= a_good:
-            mid = int(round(math.sqrt(low * good))) if good > 4 * low else (low + good) // 2
-        else:
-            x_bad, x_good = math.log(bad), math.log(good)
-            mid = int(round(math.exp(x_bad + (a_bad - goal) / (a_bad - a_good) * (x_good - x_bad))))
-        mid = min(max(mid, bad + 1), good - 1)
-        value = score(mid)
-        if value <= goal:
-            good, a_good = mid, value
-            if side == 1:
-                a_bad = goal + (a_bad - goal) / 2.0
-            side = 1
-        else:
-            bad, a_bad = mid, value
-            if side == -1:
-                a_good = goal - (goal - a_good) / 2.0
-            side = -1
-        widths.append(good - bad)
-    return good
