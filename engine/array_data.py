@@ -71,6 +71,7 @@ class NpyRows:
         self.array = array
         self.name = name
         self.shape = tuple(int(d) for d in (array.shape if array.ndim == 4 else (array.shape[0], 1, *array.shape[1:])))
+        self.scan = UnitRangeScan(array) if UnitRangeScan.applies(array) else None
 
     def read(self, rows: np.ndarray) -> np.ndarray:
         order = np.argsort(rows, kind="stable")  # ascending rows: the reads go forward through the file
@@ -86,9 +87,14 @@ class NpyRows:
 
     def check_every_row(self) -> None:
         """Refuse the array before training if any row holds a float pixel a step would refuse
-        (outside [0, 1], NaN): said at load, no privacy is spent on a run that cannot finish. One
-        streaming pass, CHECK_READ_BYTES at a time; 8-bit pixels need none."""
+        (outside [0, 1], NaN): said at load, no privacy is spent on a run that cannot finish. From the
+        bytes the fingerprint read (`scan`, fed by hash_files) when it saw the whole array; otherwise
+        one streaming pass, CHECK_READ_BYTES at a time. 8-bit pixels need none."""
         if self.array.dtype.kind != "f":
+            return
+        if self.scan is not None and self.scan.complete:
+            if self.scan.first_bad_row is not None:
+                raise self._outside_unit_range(self.scan.first_bad_row)
             return
         row_bytes = max(1, self.array.itemsize * int(np.prod(self.shape[1:])))
         step = max(1, CHECK_READ_BYTES // row_bytes)
@@ -101,6 +107,60 @@ class NpyRows:
     def _outside_unit_range(self, row: int) -> DataError:
         return DataError(f"{self.name}: row {row} has pixels outside [0, 1] (or NaN); float pixels must be "
                          f"in [0, 1] (divide 8-bit pixels by 255)")
+
+
+class UnitRangeScan:
+    """The unit-range check of a memory-mapped float array, made on its file's bytes as they are
+    read for the fingerprint (`feed` is hash_files' on_read): a float array is then read from disk
+    once at load, not twice (it may be larger than memory). Reads must come in file order."""
+
+    @staticmethod
+    def applies(array: np.memmap) -> bool:
+        """Float pixels, in row order, in a file: what the scan can check."""
+        return (array.dtype.kind == "f" and getattr(array, "filename", None) is not None
+                and array.flags.c_contiguous and array.size > 0)
+
+    def __init__(self, array: np.memmap):
+        self.path = os.path.abspath(array.filename)
+        self.dtype = array.dtype
+        self.row_items = max(1, int(np.prod(array.shape[1:])))
+        self.start = int(array.offset)
+        self.end = self.start + int(array.nbytes)
+        self.seen = self.start  # the next byte of the array to check
+        self.carry = b""  # bytes of an element split between two reads
+        self.first_bad_row: int | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Whether every byte of the array was fed (or a bad row found)."""
+        return self.first_bad_row is not None or (self.seen == self.end and not self.carry)
+
+    def feed(self, path: Path, offset: int, chunk: bytes) -> None:
+        if self.complete or not offset <= self.seen < offset + len(chunk):
+            return
+        if os.path.abspath(path) != self.path:
+            return
+        size = self.dtype.itemsize
+        first_item = (self.seen - self.start - len(self.carry)) // size
+        piece = memoryview(chunk)[self.seen - offset : self.end - offset]
+        self.seen += len(piece)
+        if self.carry:
+            head = bytes(piece[: size - len(self.carry)])
+            self.carry, piece = self.carry + head, piece[len(head):]
+            if len(self.carry) < size:
+                return
+            self._check(np.frombuffer(self.carry, dtype=self.dtype), first_item)
+            self.carry, first_item = b"", first_item + 1
+        whole = len(piece) - len(piece) % size
+        self._check(np.frombuffer(piece[:whole], dtype=self.dtype), first_item)
+        self.carry = bytes(piece[whole:])
+
+    def _check(self, values: np.ndarray, first_item: int) -> None:
+        if self.first_bad_row is not None or values.size == 0:
+            return
+        ok = (values >= 0.0) & (values <= 1.0)  # NaN compares False: refused as well
+        if not ok.all():
+            self.first_bad_row = (first_item + int(np.argmin(ok))) // self.row_items
 
 
 def _first_row_outside_unit_range(block: np.ndarray) -> int | None:
@@ -172,22 +232,22 @@ def open_npz_member(path: Path, key: str) -> np.memmap:
 
 
 def hash_files(paths: Sequence[Path], *, tag: str = "", root: Path | None = None,
-               first_read: Callable[[Path, bytes], None] | None = None) -> str:
+               on_read: Callable[[Path, int, bytes], None] | None = None) -> str:
     """sha256 over each file's name (relative to `root`) and bytes, read in chunks (constant memory).
-    `first_read(path, head)` is given each file's first read (HASH_READ bytes at most), so a caller
-    that needs a file's header reads the file only once."""
+    `on_read(path, offset, chunk)` is given every read (HASH_READ bytes at most, in file order), so a
+    caller that checks a file's contents reads the file only once."""
     h = hashlib.sha256(tag.encode())
     base = str(root).rstrip("/") + "/" if root is not None else ""
     for path in paths:
         if root is not None:
             h.update(f"|{_relative(path, root, base)}|".encode())
         with open(path, "rb") as f:
-            head = f.read(HASH_READ)
-            if first_read is not None:
-                first_read(path, head)
-            h.update(head)
+            offset = 0
             for chunk in iter(lambda: f.read(HASH_READ), b""):
+                if on_read is not None:
+                    on_read(path, offset, chunk)
                 h.update(chunk)
+                offset += len(chunk)
     return h.hexdigest()
 
 
@@ -392,14 +452,25 @@ def encode_labels(y: np.ndarray, *, what: str) -> tuple[np.ndarray, tuple[str, .
 
 
 def load_mapped_arrays(x: np.memmap, y: np.ndarray, x_test: np.memmap | None, y_test: np.ndarray | None, *,
-                       name: str, where: str, fingerprint: str, origin: str, test_fraction: float, seed: int):
+                       name: str, where: str, hashed: Sequence[Path], hash_root: Path | None, origin: str,
+                       test_fraction: float, seed: int):
     """Images `x` (and `x_test`) memory-mapped, labels `y` (`y_test`) read: a Dataset reading rows on
-    demand. Without x_test, a stratified split of the rows (engine.datasets.stratified_split)."""
+    demand. Without x_test, a stratified split of the rows (engine.datasets.stratified_split). The
+    fingerprint is hash_files over `hashed` (names relative to `hash_root`); float pixels are
+    range-checked from the bytes it reads."""
     from engine.datasets import _labels_1d, _need_two_classes, _split_or_fail, _split_text
 
     path = Path(where)
-    y = _labels_1d(np.asarray(y), path=path, key="y")
     source = NpyRows(x, name=f"{where}: x")
+    test_source = None if x_test is None else NpyRows(x_test, name=f"{where}: x_test")
+    scans = [rows.scan for rows in (source, test_source) if rows is not None and rows.scan is not None]
+
+    def feed(file: Path, offset: int, chunk: bytes) -> None:
+        for scan in scans:
+            scan.feed(file, offset, chunk)
+
+    fingerprint = hash_files(hashed, root=hash_root, on_read=feed if scans else None)
+    y = _labels_1d(np.asarray(y), path=path, key="y")
     if len(y) != source.shape[0]:
         raise DataError(f"{where}: x has {source.shape[0]} examples but y has {len(y)} labels; they must have the "
                         f"same length")
@@ -411,7 +482,6 @@ def load_mapped_arrays(x: np.memmap, y: np.ndarray, x_test: np.memmap | None, y_
                              test=MappedRows(source, test), y_test=y_enc[test], class_names=class_names,
                              fingerprint=fingerprint, origin=origin, split=_split_text(test_fraction, seed))
     y_test = _labels_1d(np.asarray(y_test), path=path, key="y_test")
-    test_source = NpyRows(x_test, name=f"{where}: x_test")
     if test_source.shape[1:] != source.shape[1:]:
         raise DataError(f"{where}: x_test examples have shape {test_source.shape[1:]} but x examples have "
                         f"{source.shape[1:]}; they must match")
@@ -442,7 +512,7 @@ def load_array_folder(folder: Path, *, test_fraction: float, seed: int):
     used = [files[k] for k in ("x", "y", "x_test", "y_test") if k in present]
     return load_mapped_arrays(arrays["x"], np.asarray(arrays["y"]), arrays.get("x_test"),
                               None if "y_test" not in arrays else np.asarray(arrays["y_test"]),
-                              name=folder.name, where=str(folder), fingerprint=hash_files(used, root=folder),
+                              name=folder.name, where=str(folder), hashed=used, hash_root=folder,
                               origin=str(folder.absolute()), test_fraction=test_fraction, seed=seed)
 
 
@@ -473,5 +543,5 @@ def load_mapped_npz(path: Path, *, test_fraction: float, seed: int):
     x = open_npz_member(path, "x")
     x_test = open_npz_member(path, "x_test") if has_test else None
     return load_mapped_arrays(x, y, x_test, y_test, name=path.name, where=str(path),
-                              fingerprint=hash_files([path]), origin=str(path.absolute()),
+                              hashed=[path], hash_root=None, origin=str(path.absolute()),
                               test_fraction=test_fraction, seed=seed)

@@ -125,8 +125,11 @@ class ImageFileRows:
         `check_every_row`'s check in the same pass: each file is opened once, its header parsed from
         the bytes the hash reads."""
         problems: list[DataError] = []
-        fingerprint = hash_files(self.files, tag="image-folder", root=root,
-                                 first_read=lambda path, head: self._check_file(path, head, problems))
+        def first_read(path: Path, offset: int, head: bytes) -> None:
+            if offset == 0:
+                self._check_file(path, head, problems)
+
+        fingerprint = hash_files(self.files, tag="image-folder", root=root, on_read=first_read)
         self._settle(problems)
         return fingerprint
 

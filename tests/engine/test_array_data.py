@@ -239,6 +239,44 @@ def test_user_errors_are_one_line_naming_the_file(tmp_path, monkeypatch):
         load_dataset(empty)
 
 
+@pytest.mark.parametrize("read_bytes", [1 << 23, 64, 7, 3])  # 3: fewer bytes than a pixel per read
+def test_float_pixels_are_checked_from_the_bytes_the_fingerprint_reads(tmp_path, monkeypatch, read_bytes):
+    """A float array may be larger than memory: it is read once at load (hashed and range-checked
+    together), not hashed and then read again through the mapping for the check."""
+    streaming = []
+    check = array_data._first_row_outside_unit_range
+    monkeypatch.setattr(array_data, "_first_row_outside_unit_range", lambda block: streaming.append(1) or check(block))
+    monkeypatch.setattr(array_data, "HASH_READ", read_bytes)
+    monkeypatch.setattr(array_data, "MAP_NPZ_ABOVE_BYTES", 100)
+    rng = np.random.default_rng(1)
+    x = rng.random((60, 1, 4, 4)).astype(np.float32)
+    x_test = rng.random((20, 1, 4, 4)).astype(">f8")  # big-endian doubles: read as stored
+    y, y_test = rng.integers(0, 2, 60), rng.integers(0, 2, 20)
+    clean = load_dataset(_array_folder(tmp_path / "clean", x, y, x_test, y_test))
+    assert clean.x_train.source.scan.complete and clean.x_test.source.scan.complete and not streaming
+    assert clean.fingerprint == array_data.hash_files(
+        [tmp_path / "clean" / f"{k}.npy" for k in ("x", "y", "x_test", "y_test")], root=tmp_path / "clean")
+
+    x[37, 0, 1, 2], x_test[5, 0, 3, 3] = 1.0000001, -0.0
+    with pytest.raises(DataError, match=r"bad: x: row 37 has pixels outside \[0, 1\]"):
+        load_dataset(_array_folder(tmp_path / "bad", x, y, x_test, y_test))
+    x[37, 0, 1, 2], x_test[5, 0, 3, 3] = 0.5, np.nan
+    with pytest.raises(DataError, match=r"bad_test: x_test: row 5 has pixels outside \[0, 1\] \(or NaN\)"):
+        load_dataset(_array_folder(tmp_path / "bad_test", x, y, x_test, y_test))
+    # An archive's members lie at offsets that need not be a multiple of a pixel's size.
+    x_test[5, 0, 3, 3] = 0.5
+    x[59, 0, 3, 3] = 2.0
+    np.savez(tmp_path / "archive.npz", y=y, x=x, y_test=y_test, x_test=x_test)
+    with pytest.raises(DataError, match=r"archive.npz: x: row 59 has pixels outside \[0, 1\]"):
+        load_dataset(tmp_path / "archive.npz")
+    assert not streaming
+    # Stored column-major, rows are not contiguous in the file: the check reads through the mapping.
+    fortran = _array_folder(tmp_path / "fortran", np.asfortranarray(x), y)
+    with pytest.raises(DataError, match=r"fortran: x: row 59 has pixels outside \[0, 1\]"):
+        load_dataset(fortran)
+    assert streaming
+
+
 def test_whole_number_labels_are_encoded_as_the_in_memory_loader_does():
     from engine.array_data import encode_labels
     from engine.datasets import _encode_labels
