@@ -191,22 +191,31 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
 @click.argument("run_ref")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the events as JSON lines instead of a progress bar.")
-def resume(run_ref: str, db: Path | None, as_json: bool) -> None:
+@click.option("--nproc", type=int, default=1, show_default=True,
+              help="DP-SGD processes on this machine for the steps left (as dpw run --nproc), whatever the "
+              "first run used.")
+def resume(run_ref: str, db: Path | None, as_json: bool, nproc: int) -> None:
     """Continue a stopped or failed DP-SGD run from its last checkpoint, as a new run.
 
-    A run keeps a checkpoint at every evaluation and when training ends. The new run takes the same
-    config and data, starts at the checkpoint's step and trains the steps left. Its epsilon is that of
-    all the steps its model took (both runs' together); the dataset's ledger counts the first run's
-    steps with it and the new run's own steps with the new run.
+    A run keeps a checkpoint at every evaluation, every few minutes and when training ends. The new
+    run takes the same config and data, starts at the checkpoint's step and trains the steps left.
+    Its epsilon is that of all the steps its model took (both runs' together); the dataset's ledger
+    counts the first run's steps with it and the new run's own steps with the new run. The number
+    of processes does not change the privacy: each step samples at the run's rate either way.
 
     \b
     Example: dpw resume 12
+    Example: dpw resume 12 --nproc 4
     """
     from engine.checkpoint import load_checkpoint
     from engine.config import RunConfig
     from engine.precheck import check_before_storing
     from engine.runner import check_continues, checkpoint_of, resumable
 
+    from engine.distributed_launch import Launch, check_distributable
+
+    launch = Launch(nproc=nproc)
+    launch.check()
     store = open_store(db)
     store.reconcile_orphans()  # a run whose runner was killed is marked failed before it is judged
     parent = store.find_run(run_ref)
@@ -214,12 +223,14 @@ def resume(run_ref: str, db: Path | None, as_json: bool) -> None:
     checkpoint = load_checkpoint(checkpoint_of(store, parent["id"]))  # readable, before a run is stored
     store.check_writable()
     config = RunConfig.from_dict(parent["config"])
+    if launch.distributed:
+        check_distributable(config)
     check_continues(parent, check_before_storing(config))  # the same data, sample rate and noise
     run_id = store.create_run(config, resumed_from=parent["id"])
     if not as_json:
         click.echo(f"run {run_id}: continues run {parent['id']} ({parent['name']}) from step {checkpoint['step']} "
                    f"of {parent.get('steps_planned') or '?'}")
-    status = follow_runner(store.path, run_id, as_json=as_json, store=store, summary_follows=True)
+    status = follow_runner(store.path, run_id, as_json=as_json, store=store, launch=launch, summary_follows=True)
     if not as_json:
         print_summary(store.get_run(run_id), store=store)
     if status == "failed":

@@ -11,7 +11,8 @@ attack on its model, kept in its summary (engine.audit_job.audit_after_training;
 `membership_audit = false` turns it off). Exit status: 0 finished or stopped, 1 failed.
 
 Under torchrun (`dpw run CONFIG --nproc N`: engine.distributed_launch) rank 0 does all of the above
-and hands the config to the other ranks, which only train (`serve_rank`) and never open the store.
+and hands the config (and a continued run's checkpoint) to the other ranks, which only train
+(`serve_rank`) and never open the store.
 """
 
 from __future__ import annotations
@@ -110,14 +111,14 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
     prepared = result = None
     try:
         config = RunConfig.from_dict(run["config"])
-        if data_parallel is not None:
-            data_parallel.share(config)
         resume = parent = None
         if run.get("resumed_from") is not None:
             phase = "reading the checkpoint"
             parent = resumable(store, run["resumed_from"], for_run=run_id)
             resume = load_checkpoint(checkpoint_of(store, parent["id"]))
             store.update_run(run_id, steps_resumed=resume["step"])
+        if data_parallel is not None:  # every rank starts from the same checkpoint (weights, optimizer, step)
+            data_parallel.share((config, resume))
         emit("started", name=config.name, mechanism=config.mechanism, dataset=config.dataset,
              config=config.to_dict(), config_hash=config.config_hash(),
              **({"resumed_from": parent["id"], "from_step": resume["step"]} if resume is not None else {}))
@@ -129,10 +130,9 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
         store_votes(prepared, store, run_id)
         if isinstance(prepared, PreparedRun):  # under torchrun this is rank 0, whose weights are every rank's
             prepared.checkpoint_path = checkpoint_of(store, run_id)
-        if resume is not None:  # (`dpw resume` continues in one process, whatever the first run's count)
-            if not isinstance(prepared, PreparedRun) or data_parallel is not None:
-                raise CannotResume(f"run {parent['id']} cannot be continued in this way (one process, DP-SGD or "
-                                   "non-private)")
+        if resume is not None:  # in as many processes as `dpw resume --nproc` asks, whatever the first run's count
+            if not isinstance(prepared, PreparedRun):
+                raise CannotResume(f"run {parent['id']} cannot be continued in this way (DP-SGD or non-private)")
             check_continues(parent, prepared)
             prepared.resume = resume
         phase = "training"
@@ -239,10 +239,12 @@ def serve_rank(data_parallel: Any, stop: StopFlag, *, data_dir: str | None = Non
     from engine.runs import prepare
 
     try:
-        config = data_parallel.share(None)
+        config, resume = data_parallel.share(None)
         if data_dir:
             config = config.replace(data_dir=data_dir)
-        prepare(config, data_parallel=data_parallel).train(should_stop=stop)
+        prepared = prepare(config, data_parallel=data_parallel)
+        prepared.resume = resume
+        prepared.train(should_stop=stop)
     except Exception as exc:  # rank 0 records the run's failure; this rank says why it ended, in one line
         message, hint, is_bug = explain(exc)
         print(f"error (rank {data_parallel.rank}): {message}" + (f" ({hint})" if hint else ""), file=sys.stderr)

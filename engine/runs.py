@@ -57,6 +57,7 @@ class PreparedRun:
             self.model, parallel.shard(self.data), self.config, self.plan, device=self.device, emit=self.emit,
             should_stop=lambda: parallel.agree_to_stop(should_stop()), data_parallel=parallel,
             checkpoint_path=self.checkpoint_path,  # rank 0's (the others have none): the same weights on every rank
+            resume=self.resume,  # rank 0's checkpoint, shared: every rank starts from its weights, optimizer and step
         )
         self.parameters_identical = len(set(parallel.parameters_digest(self.model))) == 1
         if not self.parameters_identical:

@@ -37,8 +37,8 @@ clipping_norm = 1.0
 delta = 1e-5
 expected_batch_size = 64
 epochs = {epochs}
-learning_rate = 1.0
-optimizer = "sgd"
+learning_rate = {learning_rate}
+optimizer = "{optimizer}"
 evaluations_per_epoch = 1
 seed = 0
 """
@@ -126,9 +126,9 @@ def _dpw(*args: str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "engine.cli", *args], cwd=REPO, text=True, **kwargs)
 
 
-def _config(tmp_path: Path, name: str, epochs: int) -> str:
+def _config(tmp_path: Path, name: str, epochs: int, optimizer: str = "sgd", learning_rate: float = 1.0) -> str:
     path = tmp_path / f"{name}.toml"
-    path.write_text(DIGITS.format(name=name, epochs=epochs))
+    path.write_text(DIGITS.format(name=name, epochs=epochs, optimizer=optimizer, learning_rate=learning_rate))
     return str(path)
 
 
@@ -220,7 +220,9 @@ def _open_files(pid: int) -> set[str]:
 
 def test_a_killed_rank_fails_the_run_with_its_privacy_spent_recorded(tmp_path):
     db = str(tmp_path / "runs.sqlite")
-    proc = _dpw("run", _config(tmp_path, "long", epochs=6), "--db", db, "--json", "--nproc", "2",
+    # momentum: the optimizer has state that a continued run must restore on every rank
+    proc = _dpw("run", _config(tmp_path, "long", epochs=6, optimizer="momentum", learning_rate=0.2), "--db", db,
+                "--json", "--nproc", "2",
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         privacy_events = 0
@@ -243,13 +245,17 @@ def test_a_killed_rank_fails_the_run_with_its_privacy_spent_recorded(tmp_path):
     assert run["epsilon"] is not None and run["epsilon"] > 0  # the ledger kept what the steps spent
     assert run["steps_done"] is None or run["steps_done"] < run["steps_planned"]
     assert "Traceback" not in err.split("error:")[-1]
-    # rank 0 kept its checkpoint: the run goes on in one process, its epsilon that of all its steps
+    # rank 0 kept its checkpoint: the run goes on in two processes again, every rank from the
+    # checkpoint's weights, momentum and step (a rank starting elsewhere would end with other weights,
+    # or wait for steps the others never take), its epsilon that of all its steps
     from engine import privacy
 
-    resumed = CliRunner().invoke(cli, ["resume", "1", "--db", db])
+    resumed = CliRunner().invoke(cli, ["resume", "1", "--db", db, "--nproc", "2"])
     assert resumed.exit_code == 0, resumed.output
     second = Store(db).get_run(2)
     assert second["status"] == "finished" and second["steps_done"] == second["steps_planned"]
+    assert second["summary"]["distributed"]["world_size"] == 2
+    assert second["summary"]["distributed"]["parameters_identical"] is True
     assert second["steps_resumed"] % 22 == 0 and 22 <= second["steps_resumed"] <= run["steps_done"]
     whole = privacy.dpsgd_epsilon(sample_rate=second["sample_rate"], noise_multiplier=1.0,
                                   steps=second["steps_done"], delta=1e-5)
