@@ -234,20 +234,23 @@ def open_npz_member(path: Path, key: str) -> np.memmap:
 def hash_files(paths: Sequence[Path], *, tag: str = "", root: Path | None = None,
                on_read: Callable[[Path, int, bytes], None] | None = None) -> str:
     """sha256 over each file's name (relative to `root`) and bytes, read in chunks (constant memory).
-    `on_read(path, offset, chunk)` is given every read (HASH_READ bytes at most, in file order), so a
-    caller that checks a file's contents reads the file only once."""
+    `on_read(path, offset, chunk)` is given every read (HASH_READ bytes at most, in file order; an
+    empty file's one empty read too), so a caller that checks a file's contents reads it only once."""
     h = hashlib.sha256(tag.encode())
     base = str(root).rstrip("/") + "/" if root is not None else ""
     for path in paths:
         if root is not None:
             h.update(f"|{_relative(path, root, base)}|".encode())
         with open(path, "rb") as f:
-            offset = 0
-            for chunk in iter(lambda: f.read(HASH_READ), b""):
+            chunk, offset = f.read(HASH_READ), 0
+            while True:  # an empty file is one empty read: its callers see it too
                 if on_read is not None:
                     on_read(path, offset, chunk)
                 h.update(chunk)
                 offset += len(chunk)
+                chunk = f.read(HASH_READ)
+                if not chunk:
+                    break
     return h.hexdigest()
 
 

@@ -319,9 +319,7 @@ def _bracket_from_rdp(
     if f_rdp > goal:  # RDP >= PLD up to the accountants' rounding; search the whole range then
         return ok, f_ok, fail, f_fail
     ok, f_ok = m_rdp, f_rdp
-    m_near = max(m_lo, min(m_rdp - 1, int(0.9 * m_rdp)))
-    if m_near == m_rdp:
-        return ok, f_ok, fail, f_fail
+    m_near = max(m_lo, min(m_rdp - 1, int(0.9 * m_rdp)))  # m_rdp > m_lo: the RDP search never returns m_lo
     slope = (g(m_near) - g(m_rdp)) / (math.log(m_near) - math.log(m_rdp))
     if not slope < 0.0:
         return ok, f_ok, fail, f_fail

@@ -204,6 +204,9 @@ def test_user_errors_are_one_line_naming_the_file(tmp_path, monkeypatch):
     Image.fromarray(np.zeros((12, 12), np.uint8)).save(paths[7])
     with pytest.raises(DataError, match=rf"{paths[7].name}: is 12x12 pixels but the folder's images are 10x10"):
         load_dataset(tmp_path / "pictures", test_fraction=0.5)
+    paths[3].write_bytes(b"")  # an empty file: hashed as one empty read, checked all the same
+    with pytest.raises(DataError, match=rf"{paths[3].name}: cannot be read as an image .* \(and 1 more file in "):
+        load_dataset(tmp_path / "pictures", test_fraction=0.5)
     paths[3].write_bytes(b"not an image")
     with pytest.raises(DataError, match=rf"{paths[3].name}: cannot be read as an image .* \(and 1 more file in "
                                         rf"{tmp_path / 'pictures'} refused as well\)"):
