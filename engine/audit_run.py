@@ -142,6 +142,7 @@ def _split(store, run: dict[str, Any], data_dir: str | None):
         config.dataset, data_dir=data_dir or config.data_dir, label_column=config.label_column,
         test_fraction=config.test_fraction, seed=config.seed, allow_download=False,
         normalization=config.normalization, feature_bounds=config.feature_bounds,
+        checked_before=store.checked_fingerprints(config.dataset),
     )
     if config.train_subset is not None and config.train_subset < data.num_train:
         data = train_subset(data, config.train_subset, seed=config.seed)

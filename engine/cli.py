@@ -177,7 +177,7 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
 
     store = open_store(db, create=True)
     store.check_writable()  # a store that cannot take the run says so before the data is loaded
-    check_before_storing(config)
+    check_before_storing(config, checked_before=store.checked_fingerprints(config.dataset))
     run_id = store.create_run(config)
     status = follow_runner(store.path, run_id, as_json=as_json, store=store, launch=launch, summary_follows=True)
     run_row = store.get_run(run_id)
@@ -225,7 +225,8 @@ def resume(run_ref: str, db: Path | None, as_json: bool, nproc: int) -> None:
     config = RunConfig.from_dict(parent["config"])
     if launch.distributed:
         check_distributable(config)
-    check_continues(parent, check_before_storing(config))  # the same data, sample rate and noise
+    prepared = check_before_storing(config, checked_before=store.checked_fingerprints(config.dataset))
+    check_continues(parent, prepared)  # the same data, sample rate and noise
     run_id = store.create_run(config, resumed_from=parent["id"])
     if not as_json:
         click.echo(f"run {run_id}: continues run {parent['id']} ({parent['name']}) from step {checkpoint['step']} "

@@ -44,7 +44,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -245,6 +245,7 @@ def load_dataset(
     statistics_noise_multiplier: float | None = None,
     rng: np.random.Generator | None = None,
     progress: Callable[[int, int], None] | None = None,
+    checked_before: Collection[str] = (),
 ) -> Dataset:
     """Load a registered dataset by name, or a user's `.csv` / `.npz` file by path.
 
@@ -253,7 +254,8 @@ def load_dataset(
     only to registered datasets that need files. `normalization`, `feature_bounds` (and for "dp"
     `statistics_noise_multiplier` and the run's secret generator `rng`) say how tables are scaled
     (engine.feature_scaling); images always use fixed constants. `progress(rows_done, rows_total)`
-    is called while a large CSV file loads.
+    is called while a large CSV file loads. `checked_before`: fingerprints of data that passed the
+    load's check before (an image folder with one of them is not checked again: the same bytes).
     """
     _check_split_args(test_fraction, seed)
     scaling = _ScalingRequest(normalization, parse_feature_bounds(feature_bounds), statistics_noise_multiplier, rng)
@@ -273,7 +275,7 @@ def load_dataset(
     path = Path(name_or_path).expanduser()
     suffix = path.suffix.lower()
     if path.is_dir() and suffix not in (".csv", ".npz"):
-        return _load_folder(path, test_fraction=test_fraction, seed=seed)
+        return _load_folder(path, test_fraction=test_fraction, seed=seed, checked_before=checked_before)
     if suffix == ".npy":
         raise DataError(f"{path}: a .npy file holds one array; put the inputs in x.npy and the labels in y.npy "
                         f"(optionally x_test.npy, y_test.npy) in one folder and give the folder")
@@ -948,7 +950,7 @@ def _load_csv(path: Path, *, label_column: str, test_fraction: float, seed: int,
 _NPZ_LAYOUT = "arrays x (examples) and y (labels), optionally x_test and y_test"
 
 
-def _load_folder(path: Path, *, test_fraction: float, seed: int) -> Dataset:
+def _load_folder(path: Path, *, test_fraction: float, seed: int, checked_before: Collection[str] = ()) -> Dataset:
     """A folder of arrays (x.npy, y.npy: memory-mapped) or of images (one sub-folder per class)."""
     from engine.array_data import load_array_folder
     from engine.image_folder import is_image_folder, load_image_folder
@@ -956,7 +958,7 @@ def _load_folder(path: Path, *, test_fraction: float, seed: int) -> Dataset:
     if (path / "x.npy").is_file():
         return load_array_folder(path, test_fraction=test_fraction, seed=seed)
     if is_image_folder(path):
-        return load_image_folder(path, test_fraction=test_fraction, seed=seed)
+        return load_image_folder(path, test_fraction=test_fraction, seed=seed, checked_before=checked_before)
     raise DataError(f"{path}: is a folder with neither x.npy nor class sub-folders of images; give a folder "
                     f"holding x.npy and y.npy, or one sub-folder of images per class")
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -120,10 +121,20 @@ class ImageFileRows:
             self._check_file(path, None, problems)
         self._settle(problems)
 
-    def checked_fingerprint(self, *, root: Path) -> str:
+    def checked_fingerprint(self, *, root: Path, checked_before: Collection[str] = ()) -> str:
         """The folder's fingerprint (hash_files over the files, names relative to `root`) and
         `check_every_row`'s check in the same pass: each file is opened once, its header parsed from
-        the bytes the hash reads."""
+        the bytes the hash reads. With `checked_before` (fingerprints of folders that passed this
+        check), the files are only hashed: the same fingerprint is the same bytes, so the check would
+        give the same result (parsing the headers is most of the time a load takes); another
+        fingerprint is checked after all."""
+        if checked_before:
+            fingerprint = hash_files(self.files, tag="image-folder", root=root)
+            if fingerprint in checked_before:
+                self._checked = True
+            else:
+                self.check_every_row()
+            return fingerprint
         problems: list[DataError] = []
         def first_read(path: Path, offset: int, head: bytes) -> None:
             if offset == 0:
@@ -155,8 +166,9 @@ def _refused(problems: list[DataError], folder: str) -> DataError:
                                          "refused as well)" if more else ""))
 
 
-def load_image_folder(folder: Path, *, test_fraction: float, seed: int):
-    """The images under `folder`'s class sub-folders as a Dataset whose inputs are decoded on demand."""
+def load_image_folder(folder: Path, *, test_fraction: float, seed: int, checked_before: Collection[str] = ()):
+    """The images under `folder`'s class sub-folders as a Dataset whose inputs are decoded on demand.
+    `checked_before`: as ImageFileRows.checked_fingerprint."""
     from engine.datasets import _need_two_classes, _split_or_fail, _split_text
 
     found = _class_files(folder)
@@ -168,7 +180,7 @@ def load_image_folder(folder: Path, *, test_fraction: float, seed: int):
                         f"({', '.join(IMAGE_SUFFIXES)}) in a sub-folder named after the class")
     _need_two_classes(classes, what=str(folder))
     source = ImageFileRows(files, name=str(folder))
-    fingerprint = source.checked_fingerprint(root=folder)
+    fingerprint = source.checked_fingerprint(root=folder, checked_before=checked_before)
     train, test = _split_or_fail(y, test_fraction=test_fraction, seed=seed, what=str(folder))
     return image_dataset(name=folder.name, source=source, y=y[train], train_rows=train,
                          test=MappedRows(source, test), y_test=y[test], class_names=classes,

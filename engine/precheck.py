@@ -10,15 +10,17 @@ download is fetched here, in the foreground, with a progress bar on stderr.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from engine.config import RunConfig
 
 
-def check_before_storing(config: RunConfig):
+def check_before_storing(config: RunConfig, *, checked_before: Collection[str] = ()):
     """Raise the engine's DPWError (one line, with a hint) if `config` would fail before training;
-    returns the prepared run (its data and plan), untrained."""
+    returns the prepared run (its data and plan), untrained. `checked_before`: as engine.runs.prepare."""
     from engine.runs import prepare
 
-    return prepare(config)
+    return prepare(config, checked_before=checked_before)
 
 
 def data_size(config: RunConfig) -> dict:

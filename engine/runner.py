@@ -126,7 +126,8 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
         emit("progress", phase="loading", done=0, total=1)
         from engine.runs import PreparedRun, prepare, store_votes
 
-        prepared = prepare(config, emit=emit, data_parallel=data_parallel)
+        prepared = prepare(config, emit=emit, data_parallel=data_parallel,
+                           checked_before=store.checked_fingerprints(config.dataset))
         store_votes(prepared, store, run_id)
         if isinstance(prepared, PreparedRun):  # under torchrun this is rank 0, whose weights are every rank's
             prepared.checkpoint_path = checkpoint_of(store, run_id)

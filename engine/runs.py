@@ -11,7 +11,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import torch
 from torch import nn
@@ -194,9 +194,10 @@ def train_subset(data: Dataset, size: int, *, seed: int) -> Dataset:
     )
 
 
-def load_run_data(config: RunConfig, *, emit: Emit = _noop) -> Dataset:
+def load_run_data(config: RunConfig, *, emit: Emit = _noop, checked_before: Collection[str] = ()) -> Dataset:
     """The data a run trains on: the dataset as the config reads it (split, scaling, DP feature
-    statistics), then its training subset. Every problem with the data is a one-line DPWError here."""
+    statistics), then its training subset. Every problem with the data is a one-line DPWError here.
+    `checked_before`: fingerprints of data that passed the load's check before (engine.datasets.load_dataset)."""
     dp_statistics = config.normalization == "dp" and config.mechanism == "dpsgd"
     data = load_dataset(
         config.dataset,
@@ -210,6 +211,7 @@ def load_run_data(config: RunConfig, *, emit: Emit = _noop) -> Dataset:
         statistics_noise_multiplier=config.normalization_noise_multiplier if dp_statistics else None,
         rng=PrivateRandomness.for_run(config).numpy_generator("normalization_noise") if dp_statistics else None,
         progress=lambda done, total: emit("progress", phase="loading", done=done, total=total),
+        checked_before=checked_before,
     )
     if dp_statistics and data.kind != "table":
         raise ConfigError("normalization", f"'dp' estimates statistics of tables; {data.name} is an image dataset "
@@ -219,18 +221,20 @@ def load_run_data(config: RunConfig, *, emit: Emit = _noop) -> Dataset:
     return data
 
 
-def prepare(config: RunConfig, *, emit: Emit = _noop, data_parallel: Any = None) -> PreparedRun:
+def prepare(config: RunConfig, *, emit: Emit = _noop, data_parallel: Any = None,
+            checked_before: Collection[str] = ()) -> PreparedRun:
     """Load the data, build the model and fix the privacy plan; emits a `plan` event.
 
     PATE runs (mechanism "pate") get an `engine.pate.run.PreparedPATERun`, with the same
     train() / run_fields() / finish() interface. With `data_parallel` (a `--nproc` run) every rank
     prepares the same run: the same data (checked), weights and rank 0's privacy plan.
+    `checked_before`: fingerprints of data that passed the load's check before (Store.checked_fingerprints).
     """
     if data_parallel is not None:
         from engine.distributed_launch import check_distributable
 
         check_distributable(config)
-    data = load_run_data(config, emit=emit)
+    data = load_run_data(config, emit=emit, checked_before=checked_before)
     if config.audit_canaries and config.audit_canary_kind == "input":
         from engine.dpsgd.canaries import check_input_canaries_fit
 

@@ -576,6 +576,14 @@ class Store:
             raise DPWError(f"no run named {ref!r} in {self.path}", hint="`dpw list` shows the runs")
         return self._with_tags(self._with_study(_decode_run(rows[0])))
 
+    def checked_fingerprints(self, dataset: str) -> frozenset[str]:
+        """Fingerprints of the data runs on `dataset` (a config's name or path) trained on. A run records
+        its data's fingerprint only once the data passed the load's check, so the same bytes need no
+        check again (engine.datasets.load_dataset's `checked_before`)."""
+        rows = self.db.conn.execute("select distinct dataset_fingerprint from runs where dataset = ? and "
+                                    "dataset_fingerprint is not null", [dataset]).fetchall()
+        return frozenset(row[0] for row in rows)
+
     def list_runs(self) -> list[dict[str, Any]]:
         self.reconcile_orphans()
         studies = {s["id"]: s for s in self.list_studies()}

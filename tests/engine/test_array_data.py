@@ -312,6 +312,45 @@ def test_dpw_run_refuses_a_folder_with_a_bad_image_and_stores_no_run(tmp_path):
     assert not (tmp_path / "runs.sqlite").exists() or Store(tmp_path / "runs.sqlite").list_runs() == []
 
 
+def test_an_image_folder_a_run_trained_on_is_hashed_but_not_checked_again(tmp_path, monkeypatch):
+    """Parsing every header is most of an image folder's load (a million files: most of a minute). A
+    store's runs record the fingerprint of data that passed the check: the same fingerprint is the same
+    bytes, so the next run, audit or `dpw run` check on them only hashes; changed files are checked."""
+    from click.testing import CliRunner
+    from PIL import Image
+
+    from engine.cli import cli
+    from engine.image_folder import ImageFileRows
+    from engine.store import Store
+
+    x, y = _images(40, classes=2)
+    paths = _image_folder(tmp_path / "pictures", x, y)
+    config = tmp_path / "run.toml"
+    config.write_text(f'dataset = "{tmp_path / "pictures"}"\nmechanism = "dpsgd"\nmodel = "mlp"\n'
+                      'noise_multiplier = 1.0\nexpected_batch_size = 8\nepochs = 1\ndelta = 1e-4\n')
+    db = str(tmp_path / "runs.sqlite")
+    assert CliRunner().invoke(cli, ["run", str(config), "--db", db]).exit_code == 0
+    store = Store(db)
+    checked = store.checked_fingerprints(str(tmp_path / "pictures"))
+    assert checked == {store.get_run(1)["dataset_fingerprint"]}
+    assert store.checked_fingerprints(str(tmp_path / "elsewhere")) == frozenset()
+
+    parsed: list[Path] = []
+    check_file = ImageFileRows._check_file
+    monkeypatch.setattr(ImageFileRows, "_check_file",
+                        lambda self, path, head, problems: parsed.append(path) or check_file(self, path, head, problems))
+    again = load_dataset(tmp_path / "pictures", test_fraction=0.5, checked_before=checked)
+    assert again.fingerprint in checked and parsed == []
+    assert load_dataset(tmp_path / "pictures", test_fraction=0.5).fingerprint == again.fingerprint and parsed
+
+    Image.fromarray(np.zeros((10, 11), np.uint8)).save(paths[21])  # changed bytes: checked, and refused
+    with pytest.raises(DataError, match=rf"{paths[21].name}: is 11x10 pixels"):
+        load_dataset(tmp_path / "pictures", test_fraction=0.5, checked_before=checked)
+    result = CliRunner().invoke(cli, ["run", str(config), "--db", db])
+    assert result.exit_code == 1 and f"{paths[21]}: is 11x10 pixels" in result.output
+    assert len(store.list_runs()) == 1
+
+
 def test_input_canaries_on_data_read_from_disk_are_refused_before_the_run_is_stored(tmp_path):
     """prepare() (what `dpw run` and the window check before storing a run) refuses them; the refusal
     came from the first training step's set-up, leaving a failed run in the store."""
