@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Collection
 
 import numpy as np
 
@@ -203,18 +203,18 @@ def _stated_epsilon(sample_rate: float, noise_multiplier: float, steps: int, del
                          accountant=accountant, statistics_noise_multiplier=statistics_noise_multiplier).value
 
 
-def training_size(config: RunConfig) -> int | None:
+def training_size(config: RunConfig, *, checked_before: Collection[str] = ()) -> int | None:
     """N, the training split's size (public under add/remove, as every run's plan treats it); None for
-    PATE, whose data-independent bound does not depend on it."""
+    PATE, whose data-independent bound does not depend on it. `checked_before`: as engine.runs.prepare."""
     if config.mechanism == "pate":
         return None
-    return _training_size(config)
+    return _training_size(config, checked_before=checked_before)
 
 
-def _training_size(config: RunConfig) -> int:
+def _training_size(config: RunConfig, *, checked_before: Collection[str] = ()) -> int:
     from engine.runs import prepare
 
-    return prepare(config).data.num_train
+    return prepare(config, checked_before=checked_before).data.num_train
 
 
 # ---- the plan as shown before a study runs ------------------------------------------------------------
@@ -294,8 +294,8 @@ def run_study(config: StudyConfig, store: Store, launch: Launch, *, emit: Emit |
     emit = emit or (lambda *a, **k: None)
     plan = plan or plan_candidates(config)
     accounted = config.mode in ("private", "composition")
-    num_train = training_size(plan.configs[0] if plan.configs else config.candidate(config.grid()[0])) \
-        if accounted else None
+    first = plan.configs[0] if plan.configs else config.candidate(config.grid()[0])
+    num_train = training_size(first, checked_before=store.checked_fingerprints(first.dataset)) if accounted else None
     study_id = store.create_study(name=config.name, mode=config.mode,
                                   config=json.dumps(config.to_dict(), sort_keys=True))
     emit("study", study_id=study_id, mode=config.mode, candidates=len(plan.configs))
