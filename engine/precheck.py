@@ -23,25 +23,28 @@ def check_before_storing(config: RunConfig, *, checked_before: Collection[str] =
     return prepare(config, checked_before=checked_before)
 
 
-def data_size(config: RunConfig) -> dict:
+def data_size(config: RunConfig, *, checked_before: Collection[str] = ()) -> dict:
     """How many training and test examples the config's data holds, read as a run reads it (for
     the window's privacy-cost preview of a dataset it has no table for: a user's file or folder)."""
     from engine.runs import load_run_data
 
-    data = load_run_data(config)
+    data = load_run_data(config, checked_before=checked_before)
     return {"num_train": int(data.num_train), "num_test": int(data.num_test)}
 
 
 def answer(request: dict) -> dict:
     """One request's reply. A run config: the check, {"ok": true}. {"size_of": config}: the data's
     size, {"ok": true, "num_train", "num_test"}. A failure: {"ok": false, "message", "hint", "field"}
-    (a DPWError's one line; anything else as its type and text)."""
+    (a DPWError's one line; anything else as its type and text). Either may carry "checked_before":
+    fingerprints of data that passed the load's check before (engine.runs.prepare)."""
     from engine.errors import ConfigError, DPWError
 
+    request = dict(request)
+    checked = frozenset(request.pop("checked_before", ()))
     try:
         if "size_of" in request:
-            return {"ok": True, **data_size(RunConfig.from_dict(request["size_of"]))}
-        check_before_storing(RunConfig.from_dict(request))
+            return {"ok": True, **data_size(RunConfig.from_dict(request["size_of"]), checked_before=checked)}
+        check_before_storing(RunConfig.from_dict(request), checked_before=checked)
     except DPWError as exc:
         return {"ok": False, "message": exc.message, "hint": exc.hint,
                 "field": exc.field if isinstance(exc, ConfigError) else None}

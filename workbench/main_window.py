@@ -146,7 +146,8 @@ class MainWindow(QMainWindow):
         self.tabs = QTabWidget()
         self.tabs.setObjectName("tabs")
         self.form = SetupForm()
-        self.form.size_lookup = self.precheck.data_size  # a file or folder dataset's N, for the preview
+        self.form.size_lookup = lambda config: self.precheck.data_size(  # a file or folder's N, for the preview
+            config, checked_before=self._checked_fingerprints(config.dataset))
         self.form.start_requested.connect(self.start_run)
         self.dashboard = Dashboard()
         self.theory = TheorySource(self)  # attack figures of the guarantee, computed off this thread
@@ -527,6 +528,13 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"Notes of run {run_id} not saved: {describe_error(exc)}", 15000)
         QTimer.singleShot(0, self.refresh_runs)
 
+    def _checked_fingerprints(self, dataset: str) -> frozenset[str]:
+        """Fingerprints of the data the listed runs on `dataset` trained on (as Store.checked_fingerprints,
+        from the last listing: no store read). Safe from a worker thread: the list is replaced, never changed."""
+        rows = self.runs_model.rows
+        return frozenset(r["dataset_fingerprint"] for r in rows
+                         if r.get("dataset") == dataset and r.get("dataset_fingerprint"))
+
     def _listed_row(self, run_id: int | None) -> dict[str, Any] | None:
         """The run's row as last listed (no store read)."""
         return next((r for r in self.runs_model.rows if r["id"] == run_id), None) if run_id is not None else None
@@ -576,7 +584,8 @@ class MainWindow(QMainWindow):
         self.form.start_button.setEnabled(False)
         self.statusBar().showMessage(f"Checking {config.name}: loading its data and planning its privacy…")
         try:
-            problem = check_while_painting(self.precheck, config)
+            problem = check_while_painting(self.precheck, config,
+                                           checked_before=self._checked_fingerprints(config.dataset))
         finally:
             self._checking = False
             self.act_start.setEnabled(self.form.valid)

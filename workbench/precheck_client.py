@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from engine.errors import ConfigError, DPWError
 from workbench.store_client import end_helper
@@ -45,15 +45,16 @@ class PrecheckClient:
                            hint="the run was not stored; try again, or start it with `dpw run`")
         return process
 
-    def check(self, config: Any) -> DPWError | None:
-        """Check a RunConfig (blocking; safe from a worker thread): None when it would train."""
-        reply = self._ask(config.to_dict())
+    def check(self, config: Any, *, checked_before: Collection[str] = ()) -> DPWError | None:
+        """Check a RunConfig (blocking; safe from a worker thread): None when it would train.
+        `checked_before`: fingerprints of data that passed the check before (engine.runs.prepare)."""
+        reply = self._ask({**config.to_dict(), "checked_before": sorted(checked_before)})
         return None if reply.get("ok") else _problem(reply)
 
-    def data_size(self, config: Any) -> tuple[int, int] | DPWError:
+    def data_size(self, config: Any, *, checked_before: Collection[str] = ()) -> tuple[int, int] | DPWError:
         """(training, test) examples of the config's data as a run reads it, or why it cannot be read
         (blocking; from a worker thread: a large dataset takes as long to read as a run's loading)."""
-        reply = self._ask({"size_of": config.to_dict()})
+        reply = self._ask({"size_of": config.to_dict(), "checked_before": sorted(checked_before)})
         return (int(reply["num_train"]), int(reply["num_test"])) if reply.get("ok") else _problem(reply)
 
     def _ask(self, request: dict) -> dict:
@@ -98,7 +99,8 @@ def _problem(reply: dict) -> DPWError:
     return DPWError(reply["message"], hint=reply.get("hint"))
 
 
-def check_while_painting(client: PrecheckClient, config: Any) -> DPWError | None:
+def check_while_painting(client: PrecheckClient, config: Any, *,
+                         checked_before: Collection[str] = ()) -> DPWError | None:
     """Run `client.check(config)` in a worker thread and return its answer; the window's event loop
     runs meanwhile (a local loop), so the window repaints and stays responsive."""
     from PySide6.QtCore import QEventLoop, QObject, Signal
@@ -113,7 +115,7 @@ def check_while_painting(client: PrecheckClient, config: Any) -> DPWError | None
 
     def work() -> None:
         try:
-            result["problem"] = client.check(config)
+            result["problem"] = client.check(config, checked_before=checked_before)
         except DPWError as exc:
             result["problem"] = exc
         except Exception as exc:  # the window never goes down over a check

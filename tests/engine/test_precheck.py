@@ -38,3 +38,33 @@ def test_the_precheck_service_answers_each_config_in_one_line(tmp_path):
     assert replies[5] == {"ok": True, "num_train": 10, "num_test": 8}
     assert replies[6]["ok"] is False and "dataset files not found" in replies[6]["message"]
     assert "Traceback" not in out.stderr
+
+
+def test_requests_carry_the_fingerprints_of_data_checked_before(tmp_path, monkeypatch):
+    """The window sends the fingerprints its listed runs trained on: such an image folder is hashed,
+    not checked again (engine.image_folder); a changed one is checked."""
+    import numpy as np
+    from PIL import Image
+
+    from engine.image_folder import ImageFileRows
+    from engine.precheck import answer
+
+    for k in range(2):
+        (tmp_path / "pics" / f"c{k}").mkdir(parents=True)
+        for i in range(10):
+            Image.fromarray(np.full((6, 6), 40 * k + i, np.uint8)).save(tmp_path / "pics" / f"c{k}" / f"{i}.png")
+    config = RunConfig(name="p", dataset=str(tmp_path / "pics"), model="mlp", noise_multiplier=1.0, epochs=1,
+                       expected_batch_size=4, delta=1e-3).to_dict()
+    parsed = []
+    check_file = ImageFileRows._check_file
+    monkeypatch.setattr(ImageFileRows, "_check_file",
+                        lambda self, path, head, problems: parsed.append(path) or check_file(self, path, head, problems))
+    from engine.runs import load_run_data
+
+    fingerprint = load_run_data(RunConfig.from_dict(config)).fingerprint
+    assert len(parsed) == 20
+    parsed.clear()
+    assert answer({**config, "checked_before": [fingerprint]}) == {"ok": True}
+    assert answer({"size_of": config, "checked_before": [fingerprint]}) == {"ok": True, "num_train": 16, "num_test": 4}
+    assert parsed == []
+    assert answer({**config, "checked_before": ["another"]}) == {"ok": True} and len(parsed) == 20

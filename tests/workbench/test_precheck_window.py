@@ -56,6 +56,16 @@ def test_a_valid_config_is_checked_then_started(window, qtbot):
     assert run_id is not None and run_id in window.run_data
     qtbot.waitUntil(lambda: window.run_data[run_id].finished, timeout=120_000)
     assert _store_ids(window) == [run_id]
+    # The next check on the same data is told what its runs trained on (the same fingerprint is
+    # the same bytes: an image folder among them is hashed, not checked again).
+    fingerprint = Store(window.store.path, readonly=True).get_run(run_id)["dataset_fingerprint"]
+    qtbot.waitUntil(lambda: window._checked_fingerprints("digits") == {fingerprint}, timeout=10_000)
+    asked = []
+    ask = window.precheck._ask
+    window.precheck._ask = lambda request: asked.append(request) or ask(request)
+    window.form.set_value("delta", "0.5")
+    assert window.start_run(window.form.config()) is None  # delta >= 1/N: refused by the check
+    assert asked[-1]["checked_before"] == [fingerprint] and _store_ids(window) == [run_id]
 
 
 def test_an_image_folder_with_a_broken_file_is_one_line_before_any_run(window, tmp_path):
