@@ -7,100 +7,19 @@ Heavy imports (torch) happen only inside the commands that train; `dpw privacy .
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import math
-import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
-from engine.config import RELEASE_PARAMETERS
-from engine.errors import DPWError, explain
-
-
-class UserError(click.ClickException):
-    """One line and exit status 1, never a traceback."""
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.message}", err=True)
-
-
-class Interrupted(UserError):
-    """Ctrl-C: one line, and the shell's exit status for SIGINT (128 + 2). It exits at once: an interrupt
-    that landed inside an extension's import (torch) can leave the interpreter to end itself by SIGINT
-    at shutdown, whatever status it was given. Nothing is stored yet when this is raised."""
-
-    exit_code = 130
-
-    def show(self, file: Any = None) -> None:
-        super().show(file)
-        sys.stderr.flush()
-        sys.stdout.flush()
-        os._exit(self.exit_code)
-
-
-def fail(exc: DPWError) -> UserError:
-    return UserError(exc.message + (f" — {exc.hint}" if exc.hint else ""))
-
-
-STORE_PATH = "dpw.store_path"  # ctx.meta key: the store a command opened, for its error messages
-
-
-class DPWGroup(click.Group):
-    """Turns DPWError (and bad numbers) from any command into a one-line message, and so the user's
-    situation met as an OSError or SQLite error (full disk, damaged or locked store, a path under a
-    file); anything else is a bug and keeps its traceback."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except DPWError as exc:
-            raise fail(exc) from None
-        except (OSError, sqlite3.Error) as exc:
-            message, hint, is_bug = explain(exc, store_path=ctx.meta.get(STORE_PATH))
-            if is_bug:
-                raise
-            raise UserError(message + (f" — {hint}" if hint else "")) from None
-        except KeyboardInterrupt:
-            # Before a runner exists (loading torch, checking the data): a run being trained is
-            # stopped through StopRequests instead, with its privacy recorded.
-            raise Interrupted("interrupted (Ctrl-C) before any training started") from None
-
-
-db_option = click.option(
-    "--db",
-    "db",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Run store (SQLite). Default: $DPW_DB, else runs.sqlite in the per-user data folder.",
-)
-
-
-def open_store(db: Path | None, *, create: bool = False):
-    """The store at --db (or the default); only the commands that store runs (`create`) make a new one:
-    a command that reads, given a path where no store is, says so instead of creating an empty one
-    (and the folders above it) at a mistyped path."""
-    from engine.store import Store, check_store_path, default_db_path, empty_file_problem
-
-    path = db or default_db_path()
-    context = click.get_current_context(silent=True)
-    if context is not None:
-        context.meta[STORE_PATH] = path
-    # A folder, a path under a file, another kind of file: said as such by check_store_path. False:
-    # no file there, or an empty one.
-    if not create and not check_store_path(path):
-        raise empty_file_problem(path.absolute()) or UserError(
-            f"no store at {path.absolute()}: no run was stored there — check the --db path (or $DPW_DB); dpw run "
-            "creates the store with its first run")
-    return Store(path)
+from engine.cli_privacy import RISK_LABEL, check_number, echo_risk_rows, percent, privacy
+from engine.cli_shell import DPWGroup, UserError, db_option, echo_json, fail, open_store
+from engine.errors import DPWError
 
 
 @click.group(cls=DPWGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -466,14 +385,6 @@ class ProgressDisplay:
             self.bar = None
 
 
-def echo_json(value: Any, **dumps: Any) -> None:
-    """Print `value` as strict JSON: an infinite epsilon as "Infinity" (engine.events' encoding, as in the
-    event stream), never the bare Infinity that JSON parsers refuse."""
-    from engine.events import to_json_safe
-
-    click.echo(json.dumps(to_json_safe(value), allow_nan=False, **dumps))
-
-
 def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = False, store: Any = None) -> None:
     """The run in a few lines; with `store`, a stopped or failed run that can be continued says how."""
     from engine.publication import NO_FINITE_BOUND_STATEMENT, NO_GUARANTEE_STATEMENT, NOT_PUBLISHABLE, publishable_epsilon
@@ -656,7 +567,7 @@ def ledger(db: Path | None, dataset_name: str | None, delta: float | None, as_js
     from engine.ledger import dataset_ledgers
 
     if delta is not None:
-        _check_number("delta", delta, 0.0, 1.0, open_high=True)
+        check_number("delta", delta, 0.0, 1.0, open_high=True)
     store = open_store(db)
     ledgers = dataset_ledgers(store.list_runs(), store.deleted_runs(), delta=delta)
     if dataset_name is not None:
@@ -737,24 +648,8 @@ def show_risk(run_row: dict[str, Any], *, as_json: bool) -> None:
         click.echo(f"  no bound         {result.reason}")
         return
     figures = result.risk
-    click.echo(f"  {'from':<{_RISK_LABEL}} {result.basis}")
-    _echo_risk_rows(figures, f"(publishable: {result.publishable_epsilon:.4g}); every figure below is an upper bound")
-
-
-_RISK_LABEL = 24
-"""Width of the label column in `dpw show --risk` and `dpw privacy risk`: one table layout for both."""
-
-
-def _echo_risk_rows(figures: Any, epsilon_note: str) -> None:
-    """The attack-risk rows (engine.privacy.risk figures) shared by `dpw show --risk` and `dpw privacy risk`."""
-    rows = [("epsilon", f"{_up(figures.epsilon)} at delta {figures.delta:g} {epsilon_note}"),
-            ("max advantage (TPR-FPR)", _percent_up(figures.max_advantage))]
-    rows += [(f"TPR at FPR {_percent(fpr)}", _percent_up(tpr)) for fpr, tpr in figures.tpr_at_fpr.items()]
-    rows += [(f"posterior, prior {_percent(prior)}",
-              f"{_percent_up(post)}  (except with probability {figures.delta:g})")
-             for prior, post in figures.posterior.items()]
-    for label, value in rows:
-        click.echo(f"  {label:<{_RISK_LABEL}} {value}")
+    click.echo(f"  {'from':<{RISK_LABEL}} {result.basis}")
+    echo_risk_rows(figures, f"(publishable: {result.publishable_epsilon:.4g}); every figure below is an upper bound")
 
 
 @cli.command()
@@ -978,7 +873,7 @@ def _echo_audit(body: dict[str, Any], as_json: bool, heading: str) -> None:
         click.echo(f"  AUC              {mia['auc']:.4f}  [{lo:.4f}, {hi:.4f}] ({100 * mia['confidence']:g}%)")
         for fpr, tpr in sorted(mia["tpr_at_fpr"].items(), key=lambda item: -float(item[0])):
             lo, hi = mia["tpr_interval"][fpr]
-            click.echo(f"  TPR at FPR {_percent(float(fpr)):<5} {100 * tpr:.3g}%  [{100 * lo:.3g}%, {100 * hi:.3g}%]")
+            click.echo(f"  TPR at FPR {percent(float(fpr)):<5} {100 * tpr:.3g}%  [{100 * lo:.3g}%, {100 * hi:.3g}%]")
         if theory and not theory["above_theory"]:
             click.echo(f"  theory check     {theory['message']}")
         click.echo("  canary audit     " + _canary_text(body.get("canaries")))
@@ -1060,403 +955,7 @@ def models() -> None:
         click.echo(f"{info.name:12} {','.join(info.kinds):12} {info.description}")
 
 
-# ---- privacy math ------------------------------------------------------------------------------
-@cli.group()
-def privacy() -> None:
-    """Privacy accounting without training (no torch import: starts fast)."""
-
-
-def _check_setting(option: str, value: float, setting: str) -> None:
-    """Refuse a value the run config's `setting` would refuse, in its words (one range per idea)."""
-    from engine.config import check_field
-
-    error = check_field(setting, value)
-    if error is not None:
-        text = error.message.removeprefix(f"{setting}: ") + (f"; {error.hint}" if error.hint else "")
-        raise UserError(f"--{option}: " + text.replace(", or unset", ""))
-
-
-def _check_number(name: str, value: float, low: float, high: float, *, open_low=True, open_high=False) -> None:
-    bad = (value <= low if open_low else value < low) or (value >= high if open_high else value > high) or math.isnan(value)
-    if bad:
-        lo = "(" if open_low else "["
-        hi = ")" if open_high else "]"
-        raise UserError(f"--{name}: {value:g} is out of range; allowed {lo}{low:g}, {high:g}{hi}")
-
-
-@privacy.command("dpsgd")
-@click.option("--sample-rate", type=float, required=True, help="Poisson sampling rate q = expected batch / N.")
-@click.option("--noise-multiplier", type=float, required=True, help="Noise std in units of the clipping norm.")
-@click.option("--steps", type=click.IntRange(min=0), required=True, help="Number of training steps.")
-@click.option("--delta", type=float, required=True, help="Target delta.")
-@click.option("--accountant", type=click.Choice(["pld", "rdp"]), default="pld", show_default=True)
-@click.option("--json", "as_json", is_flag=True, help='Print {"epsilon", "delta", "accountant"}.')
-def privacy_dpsgd(sample_rate: float, noise_multiplier: float, steps: int, delta: float, accountant: str, as_json: bool) -> None:
-    """Epsilon of DP-SGD (Poisson-subsampled Gaussian, add/remove one example).
-
-    Example: dpw privacy dpsgd --sample-rate 0.004267 --noise-multiplier 1.1 --steps 9375 --delta 1e-5 --json
-    """
-    from engine import privacy as priv
-
-    _check_number("sample-rate", sample_rate, 0.0, 1.0)
-    _check_setting("noise-multiplier", noise_multiplier, "noise_multiplier")
-    _check_number("delta", delta, 0.0, 1.0, open_high=True)
-    eps = priv.dpsgd_epsilon(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps,
-                             delta=delta, accountant=accountant)
-    if as_json:
-        echo_json({"epsilon": eps.value, "delta": eps.delta, "accountant": eps.accountant})
-    else:
-        click.echo(f"epsilon = {eps.value:.6g} at delta = {eps.delta:g} ({eps.accountant})"
-                   + (": this noise bounds nothing; dpw privacy risk shows what an attacker can still not do"
-                      if eps.value == math.inf else ""))
-
-
-@privacy.command("risk")
-@click.option("--sample-rate", type=float, required=True, help="Poisson sampling rate q = expected batch / N.")
-@click.option("--noise-multiplier", type=float, required=True, help="Noise std in units of the clipping norm.")
-@click.option("--steps", type=click.IntRange(min=0), required=True, help="Number of training steps.")
-@click.option("--delta", type=float, required=True,
-              help="Target delta: of the epsilon shown, and the probability the posterior bound may fail.")
-@click.option("--json", "as_json", is_flag=True,
-              help='Print {"max_advantage", "tpr_at_fpr", "posterior", "tradeoff": {"fpr", "tpr"}, "epsilon", ...}.')
-def privacy_risk(sample_rate: float, noise_multiplier: float, steps: int, delta: float, as_json: bool) -> None:
-    """What DP-SGD's guarantee allows the best membership attacker (f-DP trade-off curve; upper bounds).
-
-    The attacker knows everything but whether one record was used. Shown: the highest TPR at
-    FPR 1% and 0.1%, the maximum advantage TPR - FPR, and the attacker's posterior for priors
-    1% and 50% (holding except with probability delta), all from the PLD accountant.
-
-    Example: dpw privacy risk --sample-rate 0.004267 --noise-multiplier 1.1 --steps 9375 --delta 1e-5 --json
-    """
-    from engine.privacy import risk
-
-    _check_number("sample-rate", sample_rate, 0.0, 1.0, open_low=False)
-    _check_setting("noise-multiplier", noise_multiplier, "noise_multiplier")
-    _check_number("delta", delta, 0.0, 1.0, open_high=True)
-    try:
-        result = risk.dpsgd_attack_risk(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps,
-                                        delta=delta)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    if as_json:
-        echo_json(result.to_json())
-        return
-    click.echo(f"Best membership attack against DP-SGD (sample rate {sample_rate:g}, noise multiplier "
-               f"{noise_multiplier:g}, {steps} steps); every figure is an upper bound")
-    _echo_risk_rows(result, "(pld)")
-
-
-def _percent(x: float) -> str:
-    return f"{100 * x:g}%"
-
-
-def _up(x: float) -> str:
-    """A bound to 3 significant digits, rounded up (engine.attack_risk.round_up)."""
-    from engine.attack_risk import round_up
-
-    return round_up(x, 3)
-
-
-def _percent_up(x: float) -> str:
-    """A probability bound as a percentage to 3 significant digits, rounded up."""
-    from engine.attack_risk import percent_up
-
-    return percent_up(x, 3)
-
-
-@privacy.command("calibrate")
-@click.option("--sample-rate", type=float, required=True, help="Poisson sampling rate q = expected batch / N.")
-@click.option("--steps", type=click.IntRange(min=1), required=True, help="Number of training steps.")
-@click.option("--epsilon", type=float, default=None, help="Target epsilon (with --delta).")
-@click.option("--delta", type=float, default=None, help="Target delta (with --epsilon).")
-@click.option("--attack-tpr", type=float, default=None,
-              help="Instead of --epsilon: highest TPR allowed to a membership attack at --at-fpr.")
-@click.option("--at-fpr", type=float, default=0.01, show_default=True, help="The FPR at which --attack-tpr holds.")
-@click.option("--accountant", type=click.Choice(["pld", "rdp"]), default="pld", show_default=True)
-@click.option("--json", "as_json", is_flag=True, help='Print {"noise_multiplier"}.')
-def privacy_calibrate(sample_rate: float, steps: int, epsilon: float | None, delta: float | None,
-                      attack_tpr: float | None, at_fpr: float, accountant: str, as_json: bool) -> None:
-    """The smallest noise multiplier that meets a target (epsilon, delta), or a target attack TPR.
-
-    Example: dpw privacy calibrate --sample-rate 0.004267 --steps 9375 --epsilon 3 --delta 1e-5 --json
-
-    Example: dpw privacy calibrate --sample-rate 0.004267 --steps 9375 --attack-tpr 0.05 --at-fpr 0.01
-    """
-    from engine import privacy as priv
-
-    _check_number("sample-rate", sample_rate, 0.0, 1.0)
-    if (epsilon is None) == (attack_tpr is None):
-        raise UserError("give either --epsilon with --delta, or --attack-tpr (with --at-fpr)")
-    try:
-        if attack_tpr is not None:
-            if accountant != "pld":
-                raise UserError("--attack-tpr is calibrated on the PLD accountant; leave out --accountant")
-            _check_number("at-fpr", at_fpr, 0.0, 1.0, open_high=True)
-            _check_number("attack-tpr", attack_tpr, at_fpr, 1.0, open_high=True)
-            sigma = priv.calibrate_noise_multiplier_for_attack(sample_rate=sample_rate, steps=steps,
-                                                               target_tpr=attack_tpr, fpr=at_fpr)
-        else:
-            if delta is None:
-                raise UserError("--delta is needed with --epsilon")
-            _check_setting("epsilon", epsilon, "target_epsilon")
-            _check_number("delta", delta, 0.0, 1.0, open_high=True)
-            sigma = priv.calibrate_noise_multiplier(sample_rate=sample_rate, steps=steps, target_epsilon=epsilon,
-                                                    delta=delta, accountant=accountant)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    if as_json:
-        echo_json({"noise_multiplier": sigma})
-    elif attack_tpr is not None:
-        click.echo(f"noise multiplier = {sigma:.6g} (attack TPR <= {attack_tpr:g} at FPR {at_fpr:g}, pld)")
-    else:
-        click.echo(f"noise multiplier = {sigma:.6g} ({accountant})")
-
-
-@privacy.command("tuning")
-@click.option("--sample-rate", type=float, required=True, help="Each candidate's Poisson sampling rate q.")
-@click.option("--noise-multiplier", type=float, required=True, help="Each candidate's noise multiplier.")
-@click.option("--steps", type=click.IntRange(min=0), required=True, help="Each candidate's number of training steps.")
-@click.option("--delta", type=float, required=True, help="Target delta.")
-@click.option("--mean-runs", type=float, required=True, help="Expected number of candidate runs K (>= 1).")
-@click.option("--shape", type=float, required=True,
-              help="Distribution of K: truncated negative binomial shape eta > -1 (0 logarithmic, 1 geometric), "
-              "or inf for Poisson.")
-@click.option("--json", "as_json", is_flag=True, help='Print {"epsilon", "delta", "single_run_epsilon", ...}.')
-def privacy_tuning(sample_rate: float, noise_multiplier: float, steps: int, delta: float, mean_runs: float,
-                   shape: float, as_json: bool) -> None:
-    """Epsilon of a private tuning study: a random number K of DP-SGD candidates, only the best released.
-
-    Papernot & Steinke (ICLR 2022), Theorems 2 and 6, from each candidate's RDP curve. The score
-    used to pick the best must itself be private (or computed on public data); its cost is not
-    included here.
-
-    Example: dpw privacy tuning --sample-rate 0.004267 --noise-multiplier 1.1 --steps 9375 --delta 1e-5 --mean-runs 8 --shape 1 --json
-    """
-    from engine.privacy import tuning
-
-    _check_number("sample-rate", sample_rate, 0.0, 1.0)
-    _check_setting("noise-multiplier", noise_multiplier, "noise_multiplier")
-    _check_number("delta", delta, 0.0, 1.0, open_high=True)
-    _check_number("mean-runs", mean_runs, 1.0, 1e9, open_low=False)
-    _check_number("shape", shape, -1.0, math.inf)
-    try:
-        result = tuning.tuning_epsilon(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps,
-                                       delta=delta, mean_runs=mean_runs, shape=shape)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    eps, single = result.epsilon, result.single_run
-    if as_json:
-        echo_json({"epsilon": eps.value, "delta": eps.delta, "single_run_epsilon": single.value,
-                   "accountant": eps.accountant, "mean_runs": result.mean_runs,
-                   "shape": "inf" if math.isinf(result.shape) else result.shape, "gamma": result.gamma})
-        return
-    if math.isinf(result.shape):
-        law = f"Poisson with mean {result.mean_runs:g} (no run at all with probability {math.exp(-result.mean_runs):.3g})"
-    else:
-        law = f"truncated negative binomial, shape {result.shape:g}, mean {result.mean_runs:g} (gamma = {result.gamma:.6g})"
-    click.echo("\n".join([
-        f"K candidates ~ {law}; only the best is released",
-        f"  epsilon (study)    = {eps.value:.6g} at delta = {eps.delta:g} ({eps.accountant}, order {eps.order:g})"
-        if eps.order is not None else f"  epsilon (study)    = {eps.value:.6g} at delta = {eps.delta:g} ({eps.accountant})",
-        f"  epsilon (one run)  = {single.value:.6g} (same analysis; dpw privacy dpsgd gives the tighter pld figure)",
-    ]))
-
-
-def _load_npy(path: Path, what: str):
-    """A plain .npy array from `path`, or one line saying what the file is instead (never loads pickles)."""
-    import numpy as np
-
-    hint = "save it with numpy.save(path, array) from an integer or boolean array"
-    with open(path, "rb") as f:
-        head = f.read(6)
-    if not head:
-        raise UserError(f"{what} {path}: the file is empty; {hint}")
-    if head != b"\x93NUMPY":
-        raise UserError(f"{what} {path}: not a .npy file (it does not start with numpy's .npy header); {hint}")
-    try:
-        array = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        raise UserError(f"{what} {path}: a damaged or object .npy file ({type(exc).__name__}); {hint}") from None
-    if not isinstance(array, np.ndarray):
-        raise UserError(f"{what} {path}: holds several arrays, not one; {hint}")
-    return array
-
-
-@privacy.command("pate")
-@click.option("--votes", "votes_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
-              help="A .npy file of integer vote counts, shape (queries, classes).")
-@click.option("--mechanism", type=click.Choice(["gnmax", "confident", "lnmax"]), required=True,
-              help="The aggregator that answered the queries.")
-@click.option("--sigma", type=float, default=None, help="gnmax: std of the Gaussian noise on each count.")
-@click.option("--threshold", type=float, default=None, help="confident: the threshold T on the top count.")
-@click.option("--sigma1", type=float, default=None, help="confident: noise std of the threshold check.")
-@click.option("--sigma2", type=float, default=None, help="confident: noise std of the answers (GNMax).")
-@click.option("--laplace-scale", type=float, default=None, help="lnmax: scale b of the Laplace noise (gamma = 1/b).")
-@click.option("--answered", "answered_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="A .npy boolean array: which queries were answered. confident: the data-dependent epsilon "
-              "charges the realised answers (default: the expected cost, as the 2018 paper's analysis); the "
-              "data-independent one charges every query as answered either way.")
-@click.option("--delta", type=float, required=True, help="Target delta.")
-@click.option("--release", is_flag=True,
-              help="Also release the data-dependent epsilon with the smooth-sensitivity mechanism (gnmax, "
-              "confident), as a PATE run does: its noise from the operating system's secret randomness, its "
-              "parameters fixed from public quantities, so the released epsilon is safe to publish.")
-@click.option("--release-parameters", type=click.Choice(RELEASE_PARAMETERS), default="data-independent",
-              show_default=True,
-              help="How the release's order, beta and sigma are chosen. data-independent: from the number of "
-              "teachers, queries and classes, the aggregator's noise and delta. data-dependent: by looking at "
-              "the votes (the paper's choice), which the released epsilon does not cover.")
-@click.option("--num-teachers", type=int, default=None,
-              help="The number of teachers (public; default: the most votes cast on any query).")
-@click.option("--release-seed", type=int, default=None,
-              help="Debugging only (implies --release): draw the release noise from this seed. Anyone who knows "
-              "the seed can remove that noise, so the released epsilon then carries no guarantee.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with the RDP curve).")
-def privacy_pate(votes_file: Path, mechanism: str, sigma: float | None, threshold: float | None,
-                 sigma1: float | None, sigma2: float | None, laplace_scale: float | None,
-                 answered_file: Path | None, delta: float, release: bool, release_parameters: str,
-                 num_teachers: int | None, release_seed: int | None, as_json: bool) -> None:
-    """Epsilon of PATE's noisy aggregation of teacher votes (data-dependent and data-independent).
-
-    The data-dependent epsilon is a function of the private votes and not safe to publish as is;
-    --release releases it with smooth-sensitivity noise (publishable when its parameters are fixed
-    from public quantities, the default).
-
-    Example: dpw privacy pate --votes votes.npy --mechanism confident --threshold 200 --sigma1 150 --sigma2 40 --delta 1e-5 --release --json
-    """
-    import numpy as np
-
-    from engine.privacy import pate as pate_analysis
-
-    _check_number("delta", delta, 0.0, 1.0, open_high=True)
-    needed = {"gnmax": {"sigma": sigma}, "lnmax": {"laplace-scale": laplace_scale},
-              "confident": {"threshold": threshold, "sigma1": sigma1, "sigma2": sigma2}}[mechanism]
-    for name, value in needed.items():
-        if value is None:
-            raise UserError(f"--{name} is needed for --mechanism {mechanism}")
-        if name == "threshold":
-            _check_number(name, value, 0.0, 1e12, open_low=False)
-        else:
-            _check_number(name, value, 0.0, 1e12)
-    votes = _load_npy(votes_file, "--votes")
-    if votes.ndim != 2 or votes.shape[1] < 2 or votes.dtype.kind not in "iub" and not (
-        votes.dtype.kind == "f" and np.all(np.isfinite(votes)) and np.all(votes == np.round(votes))
-    ):
-        raise UserError(f"--votes {votes_file}: expected integer vote counts of shape (queries, classes >= 2); "
-                        f"got {votes.dtype} of shape {votes.shape}")
-    if votes.shape[0] == 0:
-        raise UserError(f"--votes {votes_file}: holds no query (shape {votes.shape}); give one row of counts per query")
-    if votes.min() < 0:
-        raise UserError(f"--votes {votes_file}: vote counts must be >= 0; found {votes.min()}")
-    from engine.config import field_spec
-
-    most, teachers = int(votes.sum(axis=1).max()), int(field_spec("num_teachers").maximum)
-    if most > teachers:
-        raise UserError(f"--votes {votes_file}: a query has {most:,} votes, more than the {teachers:,} teachers "
-                        f"a run may have; give one vote per teacher")
-    answered = None
-    if answered_file is not None:
-        answered = _load_npy(answered_file, "--answered")
-        if answered.shape != (votes.shape[0],) or answered.dtype.kind not in "bui":
-            raise UserError(f"--answered {answered_file}: expected a boolean array of shape ({votes.shape[0]},); "
-                            f"got {answered.dtype} of shape {answered.shape}")
-    params = {name.replace("-", "_"): value for name, value in needed.items()}
-    release = release or release_seed is not None
-    if release and mechanism == "lnmax":
-        raise UserError("--release: the smooth-sensitivity release covers gnmax and confident; LNMax's "
-                        "data-independent epsilon is already publishable")
-    if num_teachers is not None:
-        _check_number("num-teachers", num_teachers, 0, 1e9)
-    try:
-        result = pate_analysis.pate_epsilon(votes=votes, mechanism=mechanism, delta=delta, answered=answered, **params)
-        released = None
-        if release:
-            released = release_votes(votes, mechanism=mechanism, delta=delta, answered=answered, params=params,
-                                     rule=release_parameters, num_teachers=num_teachers, seed=release_seed)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    out = {
-        "mechanism": mechanism,
-        "epsilon_data_dependent": result.epsilon_data_dependent,
-        "epsilon_data_independent": result.epsilon_data_independent,
-        "delta": result.delta,
-        "order": result.order,
-        "order_data_independent": result.order_data_independent,
-        "queries": result.num_queries,
-        "answered": result.answered,
-        "answered_is_expected": result.answered_is_expected,
-        "orders": [float(a) for a in result.orders],
-        "rdp": [float(r) for r in result.rdp],
-        "rdp_data_independent": [float(r) for r in result.rdp_data_independent],
-    }
-    if released is not None:
-        rel = released.release
-        out["epsilon_released"] = rel.epsilon_released
-        out["release"] = {"order": rel.order, "beta": rel.beta, "sigma_ss": rel.sigma_ss,
-                          "release_rdp": float(rel.release_rdp), "rdp_released": float(rel.rdp_released),
-                          "parameters_from_data": rel.parameters_from_data, "conditions_hold": rel.conditions_hold,
-                          "noise": released.noise, "publishable": released.publishable,
-                          "caveat": released.caveat}
-    if as_json:
-        echo_json(out)
-        return
-    expected = " (expected)" if result.answered_is_expected else ""
-    lines = [
-        f"{mechanism}: {result.num_queries} queries, {result.answered:.6g} answered{expected}",
-        f"  epsilon (data-dependent)    = {result.epsilon_data_dependent:.6g} at order {result.order}"
-        "  — depends on the votes: not safe to publish as is",
-        f"  epsilon (data-independent)  = {result.epsilon_data_independent:.6g} at order {result.order_data_independent}",
-    ]
-    if released is not None:
-        rel = released.release
-        lines.append(f"  epsilon (released)          = {rel.epsilon_released:.6g} at order {rel.order:g} "
-                     f"(smooth-sensitivity noise, {released.noise})"
-                     + ("  — safe to publish" if released.publishable else f"  — NOT publishable: {released.caveat}"))
-    lines.append(f"  delta = {result.delta:g}")
-    click.echo("\n".join(lines))
-
-
-@dataclass
-class ReleasedVotes:
-    """`dpw privacy pate --release`: the smooth-sensitivity release and whether it may be published."""
-
-    release: Any  # engine.privacy.pate_smooth.ReleasedEpsilon
-    noise: str  # "secret" or "seeded"
-    publishable: bool
-    caveat: str | None
-
-
-def release_votes(votes, *, mechanism: str, delta: float, answered, params: dict[str, Any], rule: str,
-                  num_teachers: int | None, seed: int | None) -> ReleasedVotes:
-    """Release the data-dependent epsilon of `votes` as a PATE run does (engine.pate.run): noise from
-    secret OS randomness (engine.randomness), unless a debugging `seed` is given, and parameters from
-    public quantities unless `rule` is "data-dependent". Raises ValueError on settings that cannot work."""
-    import numpy as np
-
-    from engine.pate.aggregation import release_with_noise
-    from engine.privacy import pate_smooth
-    from engine.randomness import PrivateRandomness
-
-    teachers = int(num_teachers) if num_teachers is not None else int(np.max(votes.sum(axis=1)))
-    chosen: dict[str, float] = {}
-    if rule == "data-independent":
-        chosen = dataclasses.asdict(pate_smooth.data_independent_parameters(
-            mechanism=mechanism, num_teachers=teachers, num_queries=votes.shape[0], num_classes=votes.shape[1],
-            delta=delta, **params))
-    randomness = PrivateRandomness(reproducible_noise=seed is not None, seed=seed or 0)
-    release = release_with_noise(randomness, votes=votes, mechanism=mechanism, delta=delta, answered=answered,
-                                 num_teachers=teachers, **params, **chosen)
-    caveats = []
-    if seed is not None:
-        caveats.append(f"its noise is reproducible from --release-seed {seed}, so anyone who knows the seed can "
-                       "remove it (no guarantee)")
-    if release.parameters_from_data:
-        caveats.append("its parameters were chosen by looking at the votes, which the released epsilon does not "
-                       "cover")
-    if not release.conditions_hold:
-        caveats.append("the smooth-sensitivity conditions failed their numerical check (use a larger sigma)")
-    return ReleasedVotes(release, "seeded" if seed is not None else "secret", not caveats,
-                         "; ".join(caveats) or None)
+cli.add_command(privacy)
 
 
 def main() -> None:

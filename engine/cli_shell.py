@@ -1,0 +1,102 @@
+"""What every `dpw` command shares: one-line errors (never a traceback for the user's situation),
+the --db option and the store it opens, strict JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from engine.errors import DPWError, explain
+
+
+class UserError(click.ClickException):
+    """One line and exit status 1, never a traceback."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+class Interrupted(UserError):
+    """Ctrl-C: one line, and the shell's exit status for SIGINT (128 + 2). It exits at once: an interrupt
+    that landed inside an extension's import (torch) can leave the interpreter to end itself by SIGINT
+    at shutdown, whatever status it was given. Nothing is stored yet when this is raised."""
+
+    exit_code = 130
+
+    def show(self, file: Any = None) -> None:
+        super().show(file)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(self.exit_code)
+
+
+def fail(exc: DPWError) -> UserError:
+    return UserError(exc.message + (f" — {exc.hint}" if exc.hint else ""))
+
+
+STORE_PATH = "dpw.store_path"  # ctx.meta key: the store a command opened, for its error messages
+
+
+class DPWGroup(click.Group):
+    """Turns DPWError (and bad numbers) from any command into a one-line message, and so the user's
+    situation met as an OSError or SQLite error (full disk, damaged or locked store, a path under a
+    file); anything else is a bug and keeps its traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except DPWError as exc:
+            raise fail(exc) from None
+        except (OSError, sqlite3.Error) as exc:
+            message, hint, is_bug = explain(exc, store_path=ctx.meta.get(STORE_PATH))
+            if is_bug:
+                raise
+            raise UserError(message + (f" — {hint}" if hint else "")) from None
+        except KeyboardInterrupt:
+            # Before a runner exists (loading torch, checking the data): a run being trained is
+            # stopped through StopRequests instead, with its privacy recorded.
+            raise Interrupted("interrupted (Ctrl-C) before any training started") from None
+
+
+db_option = click.option(
+    "--db",
+    "db",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Run store (SQLite). Default: $DPW_DB, else runs.sqlite in the per-user data folder.",
+)
+
+
+def open_store(db: Path | None, *, create: bool = False):
+    """The store at --db (or the default); only the commands that store runs (`create`) make a new one:
+    a command that reads, given a path where no store is, says so instead of creating an empty one
+    (and the folders above it) at a mistyped path."""
+    from engine.store import Store, check_store_path, default_db_path, empty_file_problem
+
+    path = db or default_db_path()
+    context = click.get_current_context(silent=True)
+    if context is not None:
+        context.meta[STORE_PATH] = path
+    # A folder, a path under a file, another kind of file: said as such by check_store_path. False:
+    # no file there, or an empty one.
+    if not create and not check_store_path(path):
+        raise empty_file_problem(path.absolute()) or UserError(
+            f"no store at {path.absolute()}: no run was stored there — check the --db path (or $DPW_DB); dpw run "
+            "creates the store with its first run")
+    return Store(path)
+
+
+
+
+def echo_json(value: Any, **dumps: Any) -> None:
+    """Print `value` as strict JSON: an infinite epsilon as "Infinity" (engine.events' encoding, as in the
+    event stream), never the bare Infinity that JSON parsers refuse."""
+    from engine.events import to_json_safe
+
+    click.echo(json.dumps(to_json_safe(value), allow_nan=False, **dumps))
