@@ -178,8 +178,8 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
     config = StudyConfig.load_toml(study_file)
     if data_dir is not None:
         config = config.with_data_dir(str(data_dir.resolve()))
-    if plan_only:
-        summary = plan_summary(config)
+    if plan_only:  # nothing is stored; a store already there says which data its runs checked
+        summary = plan_summary(config, checked_before=_checked_in(db, config.base.dataset))
         if as_json:
             echo_json(summary)
         for label, text in [] if as_json else plan_lines(summary):
@@ -215,6 +215,17 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
     elif config.mode == "private":
         why = "no candidate finished" if row["status"] == "finished" else f"the study was {row['status']}"
         click.echo(f"  released       nothing ({why})")
+
+
+def _checked_in(db: Path | None, dataset: str) -> frozenset[str]:
+    """Store.checked_fingerprints of the store at --db (or the default) if one is there; none otherwise
+    (a command that stores nothing creates no store)."""
+    from engine.store import Store, check_store_path, default_db_path
+
+    path = db or default_db_path()
+    if not check_store_path(path):
+        return frozenset()
+    return Store(path, readonly=True).checked_fingerprints(dataset)
 
 
 def runner_command(db_path: Path, run_id: int, launch: Any = None) -> list[str]:

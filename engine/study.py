@@ -218,11 +218,13 @@ def _training_size(config: RunConfig, *, checked_before: Collection[str] = ()) -
 
 
 # ---- the plan as shown before a study runs ------------------------------------------------------------
-def plan_summary(config: StudyConfig, *, with_epsilon: bool = True) -> dict[str, Any]:
+def plan_summary(config: StudyConfig, *, with_epsilon: bool = True,
+                 checked_before: Collection[str] = ()) -> dict[str, Any]:
     """What a study will do, from public settings only (`dpw study --plan`, the window's Study dialog):
     its space and grid size, how many runs (private: K's distribution, never a draw), and with
-    `with_epsilon` (which loads the dataset for its size) the study's epsilon before it runs next to
-    one candidate's alone. Exploratory studies claim nothing for the selection: no study epsilon."""
+    `with_epsilon` (which loads the dataset for its size; `checked_before` as engine.runs.prepare) the
+    study's epsilon before it runs next to one candidate's alone. Exploratory studies claim nothing
+    for the selection: no study epsilon."""
     grid = config.grid()
     summary: dict[str, Any] = {
         "name": config.name, "mode": config.mode, "mechanism": config.base.mechanism,
@@ -240,7 +242,7 @@ def plan_summary(config: StudyConfig, *, with_epsilon: bool = True) -> dict[str,
         summary["num_runs"] = {"fixed": len(grid) if config.search == "grid" else config.num_candidates}
     if not with_epsilon or config.mode == "exploratory" or config.base.mechanism not in ("dpsgd", "pate"):
         return summary
-    num_train = training_size(config.candidate(grid[0]))
+    num_train = training_size(config.candidate(grid[0]), checked_before=checked_before)
     if config.mode == "private":
         eps = private_study_epsilon(config, num_train)
     else:
