@@ -381,3 +381,38 @@ def test_dpw_study_plan_states_the_epsilon_before_running_and_stores_nothing(tmp
     assert not (tmp_path / "r.sqlite").exists()
     text = CliRunner().invoke(cli, ["study", str(path), "--plan"]).output
     assert "Study epsilon  4.3" in text and "90% of studies run at most 6" in text
+
+
+def test_dpw_study_plan_only_hashes_an_image_folder_its_store_has_trained_on(tmp_path, monkeypatch):
+    """Sizing the split loads the data: an image folder a run in the store at --db trained on is hashed,
+    not checked again (the same fingerprint, the same bytes); without a store there, it is checked and
+    no store is made."""
+    from PIL import Image
+
+    from engine.config import RunConfig
+    from engine.datasets import load_dataset
+    from engine.image_folder import ImageFileRows
+
+    for k in range(2):
+        (tmp_path / "pics" / f"c{k}").mkdir(parents=True)
+        for i in range(12):
+            Image.fromarray(np.full((6, 6), 20 * k + i, np.uint8)).save(tmp_path / "pics" / f"c{k}" / f"{i}.png")
+    study = tmp_path / "study.toml"
+    study.write_text(f'name = "pics"\nmode = "composition"\n[base]\ndataset = "{tmp_path / "pics"}"\n'
+                     'model = "mlp"\nmechanism = "dpsgd"\nnoise_multiplier = 1.0\nexpected_batch_size = 4\n'
+                     'epochs = 1\ndelta = 1e-3\n[space]\nlearning_rate = [0.5, 1.0]\n')
+    parsed = []
+    check_file = ImageFileRows._check_file
+    monkeypatch.setattr(ImageFileRows, "_check_file",
+                        lambda self, path, head, problems: parsed.append(path) or check_file(self, path, head, problems))
+    db = tmp_path / "r.sqlite"
+    plan = CliRunner().invoke(cli, ["study", str(study), "--plan", "--json", "--db", str(db)])
+    assert plan.exit_code == 0, plan.output
+    assert len(parsed) == 24 and not db.exists()
+    store = Store(db)  # a run on the folder recorded its fingerprint
+    run_id = store.create_run(RunConfig(name="done", dataset=str(tmp_path / "pics"), model="mlp", noise_multiplier=1.0))
+    store.update_run(run_id, dataset_fingerprint=load_dataset(tmp_path / "pics").fingerprint)
+    parsed.clear()
+    again = CliRunner().invoke(cli, ["study", str(study), "--plan", "--json", "--db", str(db)])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.output)["epsilon"] == json.loads(plan.output)["epsilon"] and parsed == []
