@@ -4,8 +4,8 @@ A DP-SGD (or non-private) run writes `checkpoint.pt` beside its saved model at e
 least every CHECKPOINT_EVERY_S seconds of training between them, and when training ends, however it
 ends: the weights, the optimizer's state and the step count (a `--nproc` run: rank 0's, every rank
 holding the same weights). A run that was stopped, or that failed part-way (killed, out of memory,
-the machine went down), can then be continued (`dpw resume RUN`), in one process, as a new run from
-that step instead of from the start.
+the machine went down), can then be continued (`dpw resume RUN`, in one process or with --nproc in
+several) as a new run from that step instead of from the start.
 
 The privacy side: a checkpoint holds only what DP-SGD released up to its step (the noisy model and
 what the optimizer derived from it), so continuing from it is post-processing plus more steps. The

@@ -136,6 +136,7 @@ class ImageFileRows:
                 self.check_every_row()
             return fingerprint
         problems: list[DataError] = []
+
         def first_read(path: Path, offset: int, head: bytes) -> None:
             if offset == 0:
                 self._check_file(path, head, problems)

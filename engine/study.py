@@ -208,10 +208,6 @@ def training_size(config: RunConfig, *, checked_before: Collection[str] = ()) ->
     PATE, whose data-independent bound does not depend on it. `checked_before`: as engine.runs.prepare."""
     if config.mechanism == "pate":
         return None
-    return _training_size(config, checked_before=checked_before)
-
-
-def _training_size(config: RunConfig, *, checked_before: Collection[str] = ()) -> int:
     from engine.runs import prepare
 
     return prepare(config, checked_before=checked_before).data.num_train

@@ -39,7 +39,8 @@ def find_boundary(
         else:
             share = (goal - a_ok) / (a_fail - a_ok)  # of the way from ok to fail
             if log_scale:
-                mid = int(round(math.exp(math.log(max(ok, 1)) + share * (math.log(max(fail, 1)) - math.log(max(ok, 1))))))
+                log_ok, log_fail = math.log(max(ok, 1)), math.log(max(fail, 1))
+                mid = int(round(math.exp(log_ok + share * (log_fail - log_ok))))
             else:
                 mid = ok + int(round(share * (fail - ok)))
         mid = min(max(mid, a + 1), b - 1)

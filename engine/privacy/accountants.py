@@ -282,10 +282,11 @@ def calibrate_noise_multiplier(
             f"(epsilon there is {epsilon_at(m_hi, name):.4g} at delta={d:g}, {t} steps, sample_rate={q:g}); "
             "allow a larger epsilon or delta, fewer steps or a smaller sample rate"
         )
-    g = log_eps_on("rdp") if name == "pld" else f
-    g_bottom = g(m_lo)  # RDP at the bottom: cheap; if it meets the target, so does PLD
+    bracketing = "rdp"  # cheap; RDP epsilon >= PLD epsilon
+    g = log_eps_on(bracketing) if name == "pld" else f
+    g_bottom = g(m_lo)  # RDP at the bottom: if it meets the target, so does PLD
     if g_bottom <= goal:
-        raise _already_met(target_epsilon, epsilon_at(m_lo, "rdp" if name == "pld" else name))
+        raise _already_met(target_epsilon, epsilon_at(m_lo, bracketing))
     if name == "rdp":
         bracket = (m_hi, f_top, m_lo, g_bottom)
     else:
