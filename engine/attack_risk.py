@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.publication import carries_guarantee, publishable_epsilon
+from engine.publication import NO_GUARANTEE_IN_SHORT, carries_guarantee, no_guarantee_reason, publishable_epsilon
 
 BASIS_PLD = "DP-SGD: pessimistic PLD of the Poisson-subsampled Gaussian over the steps taken"
 BASIS_RDP_STATISTICS = ("DP-SGD with DP feature statistics: RDP of the training steps composed with the "
@@ -68,8 +68,8 @@ def run_attack_risk(run: dict[str, Any]) -> RunAttackRisk:
     if mechanism == "none":
         return _no_risk(run, "non-private run: no bound, an attacker may reach TPR 1 at FPR 0")
     if not carries_guarantee(run):
-        return _no_risk(run, "reproducible noise (seeded from the published seed): no guarantee, so no bound "
-                             "on any attack")
+        short = NO_GUARANTEE_IN_SHORT[no_guarantee_reason(run)]
+        return _no_risk(run, f"{short}: no guarantee, so no bound on any attack")
     eps = publishable_epsilon(run)
     if eps.value is None or eps.delta is None:
         return _no_risk(run, eps.note or "nothing was accounted yet (the run took no private step)")

@@ -398,7 +398,13 @@ class ProgressDisplay:
 
 def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = False, store: Any = None) -> None:
     """The run in a few lines; with `store`, a stopped or failed run that can be continued says how."""
-    from engine.publication import NO_FINITE_BOUND_STATEMENT, NO_GUARANTEE_STATEMENT, NOT_PUBLISHABLE, publishable_epsilon
+    from engine.publication import (
+        NO_FINITE_BOUND_STATEMENT,
+        NOT_PUBLISHABLE,
+        no_guarantee_statement,
+        publishable_epsilon,
+        release_from_votes,
+    )
 
     lines = [f"run {run_row['id']} ({run_row['name']}): {run_row['status']}"]
     if run_row.get("resumed_from") is not None:
@@ -417,25 +423,19 @@ def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = Fals
     if eps.note:
         lines.append(f"  study          {eps.note}")
     if run_row.get("mechanism") in ("dpsgd", "pate") and not eps.guarantee:
-        lines.append(f"  caveat         {NO_GUARANTEE_STATEMENT} (reproducible_noise = true)")
+        lines.append(f"  caveat         {no_guarantee_statement(run_row)}")
     elif eps.value == math.inf:
         lines.append(f"  caveat         {NO_FINITE_BOUND_STATEMENT}")
     summary = run_row.get("summary") or {}
     if run_row.get("mechanism") == "pate":
-        if summary.get("epsilon_released") is not None:
+        if summary.get("epsilon_released") is not None and not release_from_votes(run_row):
             lines.append(f"  PATE ε         the smaller of data-independent {summary.get('epsilon_data_independent', float('nan')):.4g}"
                          f" and released {summary['epsilon_released']:.4g}" + (" (both safe to publish)" if eps.guarantee else ""))
         if summary.get("epsilon_data_dependent") is not None:
             lines.append(f"  diagnostic     data-dependent ε {summary['epsilon_data_dependent']:.4g} ({NOT_PUBLISHABLE})")
-        if (summary.get("release") or {}).get("parameters_from_data"):
+        if release_from_votes(run_row):
             lines.append("  caveat         the release's parameters were chosen from the votes: the released ε does "
-                         "not cover that choice")
-        if summary.get("epsilon_released") is not None:
-            from engine.report import budget_on_private_votes
-
-            if budget_on_private_votes(run_row):
-                lines.append("  caveat         the budget was checked against the data-dependent ε, so where the "
-                             "teachers stopped depends on the private votes: no ε above covers that (see the report)")
+                         "not cover that choice, so the run states its data-independent ε")
         if summary.get("queries") is not None:
             lines.append(f"  queries        {summary['queries']} of {run_row.get('steps_planned')}, "
                          f"{summary.get('answered', 0)} answered")
@@ -491,7 +491,7 @@ LIST_FIELDS = ("id", "name", "mechanism", "dataset", "status", "epsilon", "delta
 
 def list_row(run: dict[str, Any]) -> dict[str, Any]:
     """A run as `dpw list` shows it: the publishable epsilon (engine.publication) and whether it holds (not
-    for reproducible noise, nor for an infinite epsilon: it bounds nothing)."""
+    for a run without a guarantee, e.g. reproducible noise, nor for an infinite epsilon: it bounds nothing)."""
     from engine.publication import publishable_epsilon
 
     eps = publishable_epsilon(run)

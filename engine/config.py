@@ -138,7 +138,7 @@ class RunConfig:
         "to its declared range and map it to [-1, 1], revealing nothing about the data; dp: estimate each "
         "feature's mean and std with the Gaussian mechanism inside the declared ranges, counted in the "
         "run's epsilon (DP-SGD only); exact: the training split's own mean and std, released with the "
-        "model without any guarantee (fine for a non-private baseline).",
+        "model: a private run then states no guarantee at all (fine for a non-private baseline).",
         kind=str,
         choices=NORMALIZATIONS,
         group="data",

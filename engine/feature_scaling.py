@@ -10,7 +10,8 @@ Three choices (config field `normalization`):
   (engine.privacy.feature_stats) inside declared ranges (every feature needs one), and the run's
   epsilon includes that release (RDP composition with the training).
 - "exact": mean and standard deviation of the training split without noise (the old behaviour):
-  released with the model, not covered by the guarantee. Fine for a non-private baseline.
+  released with the model, so a private run states no guarantee at all (engine.publication). Fine
+  for a non-private baseline. Tables only, as "dp" (images use fixed constants).
 
 The transform shipped with the model is x_normalized = (clip(x_raw, low, high) - mean) / std,
 with `low`/`high` None for an unclipped feature.

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.privacy.pld import SubsampledGaussian, pld_epsilon_composed
-from engine.publication import carries_guarantee, run_epsilon
+from engine.publication import no_guarantee_reason, run_epsilon
 
 
 @dataclass(frozen=True)
@@ -130,9 +130,8 @@ def live_entry(run: dict[str, Any]) -> LedgerEntry:
     if run.get("mechanism") == "none":
         return LedgerEntry(**common, epsilon=math.inf, delta=None, accountant=None, counted="unbounded",
                            why="trained without privacy")
-    if not carries_guarantee(run):
-        return LedgerEntry(**common, epsilon=None, delta=None, accountant=None, counted="unbounded",
-                           why="its noise is reproducible from the published seed")
+    if (reason := no_guarantee_reason(run)) is not None:
+        return LedgerEntry(**common, epsilon=None, delta=None, accountant=None, counted="unbounded", why=reason)
     eps = run_epsilon(run)
     q, sigma, steps = run.get("sample_rate"), run.get("noise_multiplier"), run.get("steps_done")
     why = ""

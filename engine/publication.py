@@ -8,8 +8,13 @@ list, dashboard and compare view) asks here, so the rules live in one place:
   the private mechanism, so their minimum is post-processing; the data-dependent epsilon is a
   function of the private votes and is never the one shown (only as a diagnostic labelled
   "not publishable").
-- `randomness(run)` / `carries_guarantee(run)`: a run whose privacy noise was seeded from the
-  published `seed` (`reproducible_noise = true`) carries no guarantee at all, whatever its epsilon.
+- `no_guarantee_reason(run)` / `carries_guarantee(run)`: a private run carries no guarantee at all,
+  whatever its epsilon, when its privacy noise was seeded from the published `seed`
+  (`reproducible_noise = true`), when its model ships the training data's exact feature statistics
+  (`normalization = "exact"`), or when a PATE run stopped where the data-dependent epsilon met its
+  budget (`pate_budget_on = "data-dependent"`): each releases something no epsilon accounts for.
+- PATE's smooth-sensitivity release counts only when its parameters were fixed before the votes
+  (`release_parameters = "data-independent"`, the default): a release tuned on the votes is not used.
 - `public_dataset_name(dataset)`: user files are named by their file name only, never their folders.
 - A run of a tuning study (engine.study; the store attaches its row as `run["study"]`) states the
   study's epsilon, never its own: a private study's released run the repeat-and-select bound, its
@@ -29,7 +34,15 @@ import numpy as np
 
 from engine.errors import DPWError
 
-NO_GUARANTEE_STATEMENT = "No differential privacy guarantee: the noise is reproducible from the published seed"
+NO_GUARANTEE_HEADLINE = "No differential privacy guarantee"
+SEEDED_NOISE = "the noise is reproducible from the published seed (reproducible_noise = true)"
+NO_GUARANTEE_STATEMENT = f"{NO_GUARANTEE_HEADLINE}: {SEEDED_NOISE}"
+EXACT_STATISTICS = ("the model ships the training data's own feature mean and standard deviation, computed without "
+                    "noise (normalization = \"exact\")")
+STOPPED_ON_VOTES = ("whether and where the teachers stopped answering was decided from the private votes (the "
+                    "epsilon budget was checked on the data-dependent epsilon: pate_budget_on = \"data-dependent\")")
+NO_GUARANTEE_IN_SHORT = {SEEDED_NOISE: "reproducible noise", EXACT_STATISTICS: "exact normalization",
+                         STOPPED_ON_VOTES: "budget on the votes"}  # where a view has a few words for the reason
 NO_FINITE_BOUND_STATEMENT = "No finite differential privacy guarantee: the noise is too small for any bound on epsilon"
 NO_GUARANTEE = "no guarantee"
 NOT_PUBLISHABLE = "not publishable: a function of the private votes"
@@ -66,10 +79,14 @@ def exploratory_note(num_runs: int | None) -> str:
     return f"selected among {runs} on the same data; the selection is not covered by this epsilon"
 
 
-def pate_publishable(epsilon_data_independent: float | None,
-                     epsilon_released: float | None) -> tuple[float | None, str | None]:
+def pate_publishable(epsilon_data_independent: float | None, epsilon_released: float | None,
+                     *, parameters_from_votes: bool = False) -> tuple[float | None, str | None]:
     """(epsilon, accountant) of PATE's publishable epsilon: the smaller of the data-independent bound
-    and the smooth-sensitivity release (each a public output; their minimum is post-processing)."""
+    and the smooth-sensitivity release (each a public output; their minimum is post-processing).
+    A release whose parameters were chosen from the votes (`parameters_from_votes`) does not cover
+    that choice: only the data-independent bound counts then."""
+    if parameters_from_votes:
+        epsilon_released = None
     candidates = [(v, name) for v, name in ((epsilon_released, PATE_RELEASED),
                                             (epsilon_data_independent, PATE_DATA_INDEPENDENT))
                   if v is not None and not (isinstance(v, float) and math.isnan(v))]
@@ -94,11 +111,43 @@ def randomness(run: dict[str, Any]) -> dict[str, str]:
             "noise_sampler": config.get("noise_sampler", "standard")}
 
 
+def budget_on_private_votes(run: dict[str, Any]) -> bool:
+    """A PATE run whose budget was checked on the data-dependent epsilon (runs stored before the
+    choice existed were)."""
+    config = run.get("config") or {}
+    return (run.get("mechanism") == "pate" and config.get("epsilon_budget") is not None
+            and config.get("pate_budget_on", "data-dependent") == "data-dependent")
+
+
+def no_guarantee_reason(run: dict[str, Any]) -> str | None:
+    """Why a private run carries no guarantee whatever its epsilon, in words (None: the epsilon holds
+    as stated, or the run is non-private). Each reason is a release no accountant counts."""
+    if run.get("mechanism") == "none":
+        return None
+    if randomness(run)["privacy_noise"] == "seeded":
+        return SEEDED_NOISE
+    if (run.get("config") or {}).get("normalization") == "exact":  # refused for image data (engine.runs)
+        return EXACT_STATISTICS
+    if budget_on_private_votes(run):
+        return STOPPED_ON_VOTES
+    return None
+
+
+def no_guarantee_statement(run: dict[str, Any]) -> str:
+    """NO_GUARANTEE_HEADLINE and its reason, for a run without a guarantee."""
+    return f"{NO_GUARANTEE_HEADLINE}: {no_guarantee_reason(run) or 'the run is not private'}"
+
+
+def release_from_votes(run: dict[str, Any]) -> bool:
+    """A PATE run whose smooth-sensitivity release had its parameters chosen from the private votes."""
+    return bool(((run.get("summary") or {}).get("release") or {}).get("parameters_from_data"))
+
+
 def carries_guarantee(run: dict[str, Any]) -> bool:
-    """False for a non-private run and for a run whose privacy noise is reproducible from its seed."""
+    """False for a non-private run and for a run with a reason it carries no guarantee (no_guarantee_reason)."""
     if run.get("mechanism") == "none":
         return False
-    return randomness(run)["privacy_noise"] == "secret"
+    return no_guarantee_reason(run) is None
 
 
 def publishable_epsilon(run: dict[str, Any]) -> PublishableEpsilon:
@@ -148,7 +197,8 @@ def run_epsilon(run: dict[str, Any]) -> PublishableEpsilon:
     if run.get("mechanism") == "pate":
         summary = run.get("summary") or {}
         value, accountant = pate_publishable(summary.get("epsilon_data_independent"),
-                                             summary.get("epsilon_released"))
+                                             summary.get("epsilon_released"),
+                                             parameters_from_votes=release_from_votes(run))
         if value is None and run.get("accountant") in (PATE_DATA_INDEPENDENT, PATE_RELEASED):
             value, accountant = run.get("epsilon"), run.get("accountant")
         delta = summary.get("delta", run.get("delta")) if value is not None else None

@@ -25,16 +25,22 @@ from engine.settings_in_effect import settings_in_effect
 from engine.errors import DPWError
 from engine.events import to_json_safe
 from engine.publication import (
+    EXACT_STATISTICS,
     NO_FINITE_BOUND_STATEMENT,
-    NO_GUARANTEE_STATEMENT,
-    NOT_PUBLISHABLE,
+    NO_GUARANTEE_HEADLINE,
     PATE_DATA_INDEPENDENT,
     PATE_RELEASED,
+    SEEDED_NOISE,
+    STOPPED_ON_VOTES,
+    budget_on_private_votes,
     check_releasable,
+    no_guarantee_reason,
+    no_guarantee_statement,
     public_dataset_name,
     publishable_epsilon,
     publishable_pate_curve,
     randomness,
+    release_from_votes,
 )
 from engine.store import Store, now_iso
 
@@ -73,9 +79,20 @@ def software_versions() -> dict[str, str]:
     return versions()
 
 
+# Why a run without a guarantee has none (engine.publication.no_guarantee_reason), and what would give it one.
+_WITHOUT_GUARANTEE = {
+    SEEDED_NOISE: (", a debugging setting: anyone who knows the seed can rebuild every noise draw and sampled batch "
+                   "and remove them.", "With secret noise"),
+    EXACT_STATISTICS: (": those statistics reveal the training data, and the model was trained on features scaled by "
+                       "them.", "With normalization = \"bounds\" or \"dp\" (counted in epsilon)"),
+    STOPPED_ON_VOTES: (": how many queries were answered depends on the votes themselves.",
+                       "With the budget checked on the data-independent epsilon"),
+}
+
+
 def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
     """The guarantee in numbers and in words: the publishable epsilon (engine.publication), and for a
-    run whose noise is reproducible from its seed, first of all that it carries no guarantee."""
+    run that carries no guarantee (engine.publication.no_guarantee_reason), first of all that and why."""
     mechanism = run["mechanism"]
     eps = publishable_epsilon(run)
     if mechanism == "none" or eps.value is None:
@@ -115,11 +132,11 @@ def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
                      f"infinite, which bounds nothing. Mechanism: {name}. The attacker figures below, read from the "
                      f"whole privacy profile, can still be finite.")
     elif not eps.guarantee:
-        statement = (f"{NO_GUARANTEE_STATEMENT} (reproducible_noise = true, a debugging setting): anyone who "
-                     f"knows the seed can rebuild every noise draw and sampled batch and remove them. The "
-                     f"accountant's figure below would hold only for secret noise. " + statement.replace(
-                         f"{subject} satisfies", f"With secret noise, {subject[0].lower() + subject[1:]} would "
-                         "satisfy", 1))
+        reason = no_guarantee_reason(run)
+        why, would_hold = _WITHOUT_GUARANTEE.get(reason, ("", "Otherwise"))
+        statement = (f"{no_guarantee_statement(run)}{why} The accountant's figure below would hold only "
+                     f"without that. " + statement.replace(
+                         f"{subject} satisfies", f"{would_hold}, {subject[0].lower() + subject[1:]} would satisfy", 1))
     out = {
         "mechanism": mechanism,
         "epsilon": value,
@@ -180,12 +197,9 @@ def _plan(store: Store, run_id: int) -> dict[str, Any]:
     return next((e for e in store.events(run_id) if e["type"] == "plan"), {})
 
 
-def budget_on_private_votes(run: dict[str, Any]) -> bool:
-    """A PATE run whose budget was checked on the data-dependent epsilon (runs stored before the
-    choice existed were)."""
-    config = run.get("config") or {}
-    return (run.get("mechanism") == "pate" and config.get("epsilon_budget") is not None
-            and config.get("pate_budget_on", "data-dependent") == "data-dependent")
+def _exact_statistics(plan: dict[str, Any]) -> bool:
+    """Whether the run's features were scaled by the training data's own statistics (engine.feature_scaling)."""
+    return "training split" in str((plan.get("normalization") or {}).get("source", ""))
 
 
 def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
@@ -196,8 +210,8 @@ def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     if run["mechanism"] == "none":
         return ["This is a non-private baseline: the model may reveal its training examples."] + audit_model
     items = [
-        f"The guarantee protects each single training example. A person who contributed k examples is "
-        f"protected with roughly k times the epsilon (group privacy), and more delta.",
+        "The guarantee protects each single training example. A person who contributed k examples is "
+        "protected with roughly k times the epsilon (group privacy), and more delta.",
         "Treated as public: the size of the training set. Under add/remove neighbours the guarantee hides "
         "whether one example was present, not how many examples there were; the report states the size.",
         "Treated as public: the test metrics. Test accuracy is measured on held-out data, without privacy: "
@@ -215,34 +229,33 @@ def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
                      "never stored: the published seed does not determine them (it governs only initialisation, "
                      "splits, shards and training order).")
     else:
-        items.insert(0, NO_GUARANTEE_STATEMENT + ": this run was made with reproducible_noise = true, for "
-                        "debugging. Do not publish its model as private; train it again with secret noise.")
-    norm = plan.get("normalization") or {}
-    if "training split" in str(norm.get("source", "")):
-        items.append(
-            "The table's feature normalization (per-feature mean and standard deviation) was computed from the "
-            "training data without noise and is part of the released model: it is not covered by the guarantee."
-        )
+        items.insert(0, no_guarantee_statement(run) + ": this run was made for debugging. Do not publish its "
+                        "model as private; train it again with secret noise.")
+    if no_guarantee_reason(run) == EXACT_STATISTICS or _exact_statistics(plan):
+        items.insert(0, f"{NO_GUARANTEE_HEADLINE}: the table's feature normalization (per-feature mean and standard "
+                        "deviation) was computed from the training data without noise and is part of the released "
+                        "model. Do not publish this model as private; train it again with normalization = "
+                        "\"bounds\" (declared ranges) or \"dp\" (statistics counted in epsilon).")
     if run["mechanism"] == "pate":
         items.append(
             "PATE's data-dependent epsilon depends on the private votes and is not itself safe to publish: it is "
             "not stated here. The teachers and their accuracies are never released."
         )
-        release = (run.get("summary") or {}).get("release") or {}
-        if release.get("parameters_from_data"):
+        if release_from_votes(run):
             items.append(
                 "The smooth-sensitivity release's parameters (order, beta, sigma) were chosen by looking at the "
                 "private votes (release_parameters = \"data-dependent\"): the released epsilon does not cover "
-                "that choice. Fix them from public settings (the default) for a release that does."
+                "that choice, so it is not used and the run states its data-independent epsilon. Fix them from "
+                "public settings (the default) for a release that counts."
             )
         if budget_on_private_votes(run):
-            items.append(
-                "This PATE run had an epsilon budget, checked against the data-dependent epsilon after every "
-                "query: whether and where the teachers stopped answering depends on the private votes "
-                "themselves, and none of the epsilons in this report accounts for that dependence. For a "
-                "guarantee that covers it, check the budget on the data-independent epsilon "
-                "(pate_budget_on = \"data-independent\"), or run without a budget and choose the number of "
-                "queries in advance from public information."
+            items.insert(0,
+                f"{NO_GUARANTEE_HEADLINE}: this PATE run had an epsilon budget, checked against the "
+                "data-dependent epsilon after every query: whether and where the teachers stopped answering "
+                "depends on the private votes themselves, and none of the epsilons in this report accounts for "
+                "that dependence. For a guarantee that covers it, check the budget on the data-independent "
+                "epsilon (pate_budget_on = \"data-independent\"), or run without a budget and choose the number "
+                "of queries in advance from public information."
             )
     if run.get("stop_reason") == "budget":
         items.append("Training stopped early, at the epsilon budget; the model is the one after the last step taken.")
@@ -259,9 +272,14 @@ def _baseline(store: Store, run: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def private_data_notice(*, include_votes: bool, include_teacher_stats: bool, include_audit: bool = False) -> str | None:
-    """The line at the top of a report that holds private data on request (None when it holds none)."""
+def private_data_notice(*, include_votes: bool, include_teacher_stats: bool, include_audit: bool = False,
+                        exact_statistics: bool = False) -> str | None:
+    """The line at the top of a report that holds private data (None when it holds none): on request, or
+    the exact feature statistics a run with normalization = "exact" was trained with (they are the model's)."""
     what = []
+    if exact_statistics:
+        what.append("the table's feature mean and standard deviation, computed from the training data without "
+                    "noise (normalization = \"exact\"), which the model ships with")
     if include_audit:
         what.append("a membership-inference audit (the model's losses on training examples against held-out ones, "
                     "and the run's canary audit if it had one)")
@@ -272,8 +290,9 @@ def private_data_notice(*, include_votes: bool, include_teacher_stats: bool, inc
                     "privacy on private data)")
     if not what:
         return None
+    requested = " on request" if len(what) > int(exact_statistics) else ""
     return ("THIS REPORT CONTAINS PRIVATE DATA: " + " and ".join(what) + ", computed from the private training "
-            "data without noise, were included on request. Do not publish it.")
+            f"data without noise, were included{requested}. Do not publish it.")
 
 
 def public_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -299,13 +318,14 @@ def build_report(store: Store, run_ref: str | int, *, include_votes: bool = Fals
     plan = _plan(store, run_id)
     summary = run.get("summary") or {}
     config = run["config"]
+    exact_statistics = _exact_statistics(plan)
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
         "generated": now_iso(),
-        "contains_private_data": bool(include_votes or include_teacher_stats or include_audit),
+        "contains_private_data": bool(include_votes or include_teacher_stats or include_audit or exact_statistics),
         "private_data_notice": private_data_notice(include_votes=include_votes,
                                                    include_teacher_stats=include_teacher_stats,
-                                                   include_audit=include_audit),
+                                                   include_audit=include_audit, exact_statistics=exact_statistics),
         "run": {
             "id": run_id, "name": run["name"], "status": run["status"], "stop_reason": run.get("stop_reason"),
             "created": run["created"], "started": run.get("started"), "finished": run.get("finished"),
@@ -429,7 +449,7 @@ def curves(store: Store, run: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"test_accuracy": {"step": [m["step"] for m in acc], "value": [m["value"] for m in acc]}}
     if run["mechanism"] == "pate":
         di = store.privacy(run_id, PATE_DATA_INDEPENDENT)
-        released = store.privacy(run_id, PATE_RELEASED)
+        released = [] if release_from_votes(run) else store.privacy(run_id, PATE_RELEASED)
         x, y = publishable_pate_curve([p["step"] for p in di], [p["epsilon"] for p in di],
                                       (released[-1]["step"], released[-1]["epsilon"]) if released else None)
         if x.size:
@@ -552,7 +572,8 @@ def render_html(report: dict[str, Any]) -> str:
                  f"generated {_fmt(report['generated'])}.</p>")
     parts.append("<h2>Guarantee</h2>")
     if guarantee.get("epsilon") is not None and not guarantee.get("holds", True):
-        headline = next((h for h in (NO_GUARANTEE_STATEMENT, NO_FINITE_BOUND_STATEMENT)
+        headlines = [f"{NO_GUARANTEE_HEADLINE}: {why}" for why in _WITHOUT_GUARANTEE] + [NO_FINITE_BOUND_STATEMENT]
+        headline = next((h for h in headlines
                          if guarantee["statement"].startswith(h)), "")
         rest = guarantee["statement"].removeprefix(headline)
         parts.append(f"<p class='private'><b>{html.escape(headline)}</b><span style='font-weight:normal'>"

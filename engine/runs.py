@@ -213,9 +213,13 @@ def load_run_data(config: RunConfig, *, emit: Emit = _noop, checked_before: Coll
         progress=lambda done, total: emit("progress", phase="loading", done=done, total=total),
         checked_before=checked_before,
     )
-    if dp_statistics and data.kind != "table":
-        raise ConfigError("normalization", f"'dp' estimates statistics of tables; {data.name} is an image dataset "
-                          "with fixed constants", hint="use 'bounds' (the default) for image datasets")
+    if config.normalization in ("dp", "exact") and data.kind != "table":
+        raise ConfigError("normalization", f"{config.normalization!r} computes statistics of tables; {data.name} is an "
+                          "image dataset with fixed constants", hint="use 'bounds' (the default) for image datasets")
+    if config.normalization == "exact" and config.mechanism != "none":
+        emit("warning", message="normalization 'exact' scales the features by the training data's own mean and std, "
+             "which the model ships with: this run states no differential privacy guarantee",
+             hint="use 'bounds' (declared ranges) or 'dp' (statistics counted in epsilon) for a guarantee")
     if config.train_subset is not None and config.train_subset < data.num_train:
         data = train_subset(data, config.train_subset, seed=config.seed)
     return data

@@ -275,7 +275,7 @@ class CompareView(QWidget):
             })
         scatter = pg.ScatterPlotItem(spots=spots, hoverable=True)
         scatter.setToolTip("Finished private runs at their publishable ε; the selected ones are larger; "
-                           f"'{NO_GUARANTEE}': reproducible noise")
+                           f"'{NO_GUARANTEE}': a run that states none (its ε column's tooltip says why)")
         self.scatter_plot.addItem(scatter)
         self.scatter = scatter
         for r in points:

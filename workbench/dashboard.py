@@ -22,12 +22,14 @@ from PySide6.QtWidgets import (
 
 from engine.publication import (
     NO_GUARANTEE,
+    NO_GUARANTEE_IN_SHORT,
     PublishableEpsilon,
-    carries_guarantee,
+    budget_on_private_votes,
+    no_guarantee_reason,
     pate_publishable,
     publishable_epsilon,
+    release_from_votes,
 )
-from engine.report import budget_on_private_votes
 from workbench.plots import Plot, accountant_colour, set_curve, set_line_label
 from workbench.progress import progress, seconds_left, shown_phase
 from workbench.run_data import RunData
@@ -352,7 +354,8 @@ class Dashboard(QWidget):
         if data.mechanism == "none":
             self.budget_label.setText("non-private: ε = ∞")
             return
-        parts = [] if carries_guarantee(data.as_run()) else [f"{NO_GUARANTEE.upper()} (reproducible noise)"]
+        reason = no_guarantee_reason(data.as_run())
+        parts = [] if reason is None else [f"{NO_GUARANTEE.upper()} ({NO_GUARANTEE_IN_SHORT[reason]})"]
         stated = publishable_epsilon(data.as_run())
         study = data.study if stated.note is not None else None
         if study is not None:
@@ -363,7 +366,8 @@ class Dashboard(QWidget):
             di, dd = data.privacy.get("pate-di"), data.privacy.get("pate-dd")
             released = data.privacy.get("pate-released")
             value, accountant = pate_publishable(di.last() if di is not None else None,
-                                                 released.last() if released is not None else None)
+                                                 released.last() if released is not None else None,
+                                                 parameters_from_votes=release_from_votes(data.as_run()))
             if value is not None:
                 where = f", query {int(di.x[-1]):,}" if di is not None and len(di) else ""
                 delta = data.summary.get("delta", data.config.get("delta"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -88,13 +89,13 @@ def export_statement(run: dict[str, Any]) -> str:
     """What the exported model carries, shown before exporting: its publishable epsilon (with its
     study's note), or why there is none, and the audit-model warning (engine.audit_run)."""
     from engine.audit_run import audit_model_line
-    from engine.publication import NO_GUARANTEE_STATEMENT, publishable_epsilon
+    from engine.publication import no_guarantee_statement, publishable_epsilon
 
     eps = publishable_epsilon(run)
     if run.get("mechanism") == "none":
         text = "none: a non-private baseline, which may reveal its training examples"
     elif not eps.guarantee:
-        text = f"<b>{NO_GUARANTEE_STATEMENT}</b>"
+        text = f"<b>{html.escape(no_guarantee_statement(run))}</b>"
     elif eps.value is not None:
         text = f"ε = {eps.value:.4g}, δ = {eps.delta:g} ({eps.accountant})" + (f"; {eps.note}" if eps.note else "")
     else:

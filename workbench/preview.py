@@ -72,10 +72,13 @@ def estimate(config: RunConfig, size: DataSize) -> str:
 
 
 def attacker_line(config: RunConfig, tpr_at_1_percent: float) -> str:
-    """The bound in an attacker's terms, or that a reproducible-noise run has none."""
-    if config.reproducible_noise:
-        return "No bound on any attack: the noise is reproducible from the seed (reproducible_noise = true)."
+    """The bound in an attacker's terms, or why the run would have none (engine.publication)."""
     from engine.attack_risk import preview_statement
+    from engine.publication import no_guarantee_reason
+
+    reason = no_guarantee_reason({"mechanism": config.mechanism, "config": config.to_dict()})
+    if reason is not None:
+        return f"No bound on any attack: {reason}."
 
     return preview_statement(tpr_at_1_percent)
 

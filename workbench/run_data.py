@@ -166,9 +166,11 @@ class RunData:
         if not self.privacy:
             return None, None
         if self.mechanism == "pate" and "pate-di" in self.privacy:
-            from engine.publication import publishable_pate_curve
+            from engine.publication import publishable_pate_curve, release_from_votes
 
             di, released = self.privacy["pate-di"], self.privacy.get("pate-released")
+            if release_from_votes(self.as_run()):
+                released = None  # a release tuned on the votes is not used (stored by older versions)
             x, y = publishable_pate_curve(di.x, di.y, (released.x[-1], released.y[-1]) if released else None)
             series = Series()
             series.extend(x, y)

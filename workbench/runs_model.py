@@ -13,9 +13,9 @@ from PySide6.QtWidgets import QApplication
 
 from engine.publication import (
     NO_FINITE_BOUND_STATEMENT,
-    NO_GUARANTEE_STATEMENT,
     carries_guarantee,
     epsilon_label,
+    no_guarantee_statement,
     publishable_epsilon,
 )
 from workbench.study_rows import study_label, study_sort_key
@@ -145,7 +145,7 @@ def parse_tags(text: str) -> list[str]:
 def epsilon_tooltip(row: dict[str, Any]) -> str:
     """What the ε column's number is (engine.publication), or why it carries no guarantee."""
     if not carries_guarantee(row):
-        return NO_GUARANTEE_STATEMENT + " (reproducible_noise = true)."
+        return no_guarantee_statement(row) + "."
     eps = publishable_epsilon(row)
     study = f"{eps.note[0].upper()}{eps.note[1:]}." if eps.note else ""
     if eps.value is None:

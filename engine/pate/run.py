@@ -382,13 +382,20 @@ class PreparedPATERun:
                                                  **release_parameters(config, self.data.num_classes))
             result.released = rel
             # Publishable: min(released, data-independent) (engine.publication), post-processing of two
-            # released values; the release's own parameters were fixed before the votes (by default).
-            # At an order where conditions C5-C6 fail the release's own analysis does not hold: unused.
-            result.epsilon_released = rel.epsilon_released if rel.conditions_hold else None
+            # released values, when the release's own parameters were fixed before the votes (the
+            # default). At an order where conditions C5-C6 fail the release's own analysis does not
+            # hold, and parameters chosen from the votes are a choice it does not cover: unused then.
+            usable = rel.conditions_hold and not rel.parameters_from_data
+            result.epsilon_released = rel.epsilon_released if usable else None
             if not rel.conditions_hold:
                 emit("warning", message=f"the smooth-sensitivity conditions C5-C6 failed the numerical check at "
                      f"order {rel.order:g}, so the released epsilon is not used: the run states its "
                      f"data-independent epsilon (use a larger sigma, or leave release_order unset)")
+            elif rel.parameters_from_data:
+                emit("warning", message="the smooth-sensitivity release's parameters were chosen from the votes "
+                     "(release_parameters = \"data-dependent\"), which its epsilon does not cover, so it is not "
+                     "used: the run states its data-independent epsilon",
+                     hint="leave release_parameters at \"data-independent\" for a release that counts")
         if result.epsilon_released is not None:
             emit("privacy", step=n, epsilon=float(result.epsilon_released), delta=config.delta,
                  accountant="pate-released")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 from pathlib import Path
@@ -177,16 +178,54 @@ def test_report_json_has_every_field_and_agrees_with_the_store(runs, tmp_path):
     assert report["contains_private_data"] is False and report["private_data_notice"] is None
 
 
-def test_table_report_says_when_its_normalization_is_not_covered(runs):
-    from engine.report import caveats
+def test_a_run_scaled_by_its_training_data_statistics_carries_no_guarantee_anywhere(runs, tmp_path):
+    """normalization = "exact" ships the training split's own mean and std with the model: the report,
+    the model card, dpw list/show and the ledger said the run satisfied its (epsilon, delta)."""
+    from click.testing import CliRunner
+
+    from engine.cli import cli
+    from engine.ledger import live_entry
+    from engine.publication import EXACT_STATISTICS, NO_GUARANTEE_HEADLINE
 
     store, all_runs = runs
-    report = build_report(store, all_runs["table"][0], figures=False)  # declared bounds by default
-    assert not any("normalization" in c and "not covered" in c for c in report["caveats"])
-    exact = {"normalization": {"source": "training split statistics (computed without noise: not covered by the "
-                                         "guarantee)"}}
-    run = store.get_run(all_runs["table"][0])
-    assert any("normalization" in c and "not covered" in c for c in caveats(run, exact))
+    declared = build_report(store, all_runs["table"][0], figures=False)  # declared bounds by default
+    assert declared["guarantee"]["holds"] is True and declared["contains_private_data"] is False
+    assert not any("normalization" in c for c in declared["caveats"])
+    run_id, prepared = train_in_store(store, name="cancer-exact", dataset="breast-cancer", model="logistic",
+                                      noise_multiplier=1.0, expected_batch_size=32, epochs=1, learning_rate=0.5,
+                                      delta=1e-4, normalization="exact")
+    mean = prepared.data.normalization["mean"]
+    texts = _texts(store, run_id, tmp_path)
+    report = json.loads(texts["report.json"])
+    statement = f"{NO_GUARANTEE_HEADLINE}: {EXACT_STATISTICS}"
+    assert report["guarantee"]["holds"] is False and report["guarantee"]["statement"].startswith(statement)
+    assert report["training"]["normalization"]["mean"] == pytest.approx(mean)  # what the model ships with
+    assert report["contains_private_data"] is True and "normalization" in report["private_data_notice"]
+    assert report["caveats"][0].startswith(f"{NO_GUARANTEE_HEADLINE}: the table's feature normalization")
+    assert f"<b>{html.escape(statement)}</b>" in texts["report.html"]
+    card = json.loads(texts["model_card.json"])
+    assert card["privacy"]["holds"] is False and card["privacy"]["statement"].startswith(statement)
+
+    runner = CliRunner()
+    listed = json.loads(runner.invoke(cli, ["list", "--json", "--db", str(store.path)]).output)
+    assert next(r for r in listed if r["id"] == run_id)["guarantee"] is False
+    assert next(r for r in listed if r["id"] == all_runs["table"][0])["guarantee"] is True
+    line = next(ln for ln in runner.invoke(cli, ["list", "--db", str(store.path)]).output.splitlines()
+                if "cancer-exact" in ln)
+    assert "no guarantee" in line
+    shown = runner.invoke(cli, ["show", str(run_id), "--db", str(store.path)]).output
+    assert "NO GUARANTEE" in shown and statement in shown
+    entry = live_entry(store.get_run(run_id))
+    assert entry.counted == "unbounded" and entry.why == EXACT_STATISTICS
+    warnings = [e["message"] for e in store.events(run_id) if e["type"] == "warning"]
+    assert any("states no differential privacy guarantee" in w for w in warnings)
+
+
+def test_exact_normalization_is_refused_for_images():
+    from engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="normalization: 'exact' computes statistics of tables; digits"):
+        prepare(RunConfig(name="r", dataset="digits", noise_multiplier=1.0, normalization="exact"))
 
 
 def test_non_private_baseline_report_states_no_guarantee(runs):
@@ -318,7 +357,8 @@ def test_a_reproducible_noise_run_carries_no_guarantee_anywhere(private_runs, tm
     run_id, _ = all_runs["seeded"]
     texts = _texts(store, run_id, tmp_path)
     report = json.loads(texts["report.json"])
-    assert NO_GUARANTEE_STATEMENT == "No differential privacy guarantee: the noise is reproducible from the published seed"
+    assert NO_GUARANTEE_STATEMENT == ("No differential privacy guarantee: the noise is reproducible from the "
+                                      "published seed (reproducible_noise = true)")
     assert report["guarantee"]["statement"].startswith(NO_GUARANTEE_STATEMENT)
     assert report["guarantee"]["holds"] is False
     assert report["randomness"] == {"privacy_noise": "seeded", "noise_sampler": "standard"}

@@ -127,7 +127,7 @@ def test_a_run_with_declared_bounds_keeps_the_tight_accountant():
 
 
 def test_dp_normalization_on_images_is_refused():
-    with pytest.raises(ConfigError, match="normalization: 'dp' estimates statistics of tables"):
+    with pytest.raises(ConfigError, match="normalization: 'dp' computes statistics of tables"):
         prepare(RunConfig(**{**TABLE_RUN, "dataset": "digits", "model": "auto"}, normalization="dp"))
 
 

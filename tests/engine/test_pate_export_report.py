@@ -114,17 +114,42 @@ def test_votes_only_on_request_and_then_flagged_at_the_top(pate_run):
     assert np.array_equal(np.array([v["histogram"] for v in report["pate"]["votes"]]), stored)
 
 
-def test_a_budget_on_the_data_dependent_epsilon_is_named_as_a_leak_in_the_caveats(pate_run):
-    from engine.report import caveats
+def test_a_budget_on_the_data_dependent_epsilon_leaves_no_guarantee(pate_run):
+    """Where the teachers stop depends on the private votes: the caveat said so, but the report's
+    statement, `holds` and the lists still stated the run's epsilon as a guarantee."""
+    from engine.publication import NO_GUARANTEE_HEADLINE, STOPPED_ON_VOTES, epsilon_label, publishable_epsilon
+    from engine.report import caveats, privacy_statement
 
     store, run_id, _ = pate_run
     run = store.get_run(run_id)
     assert run["config"].get("epsilon_budget") is None
     assert not any("whether and where the teachers stopped" in c for c in caveats(run, {}))
+    assert privacy_statement(run)["holds"] is True
     on_votes = dict(run, config=dict(run["config"], epsilon_budget=2.0, pate_budget_on="data-dependent"))
     assert any("whether and where the teachers stopped" in c and "without a budget" in c for c in caveats(on_votes, {}))
+    statement = privacy_statement(on_votes)
+    assert statement["holds"] is False
+    assert statement["statement"].startswith(f"{NO_GUARANTEE_HEADLINE}: {STOPPED_ON_VOTES}")
+    assert publishable_epsilon(on_votes).guarantee is False and epsilon_label(on_votes).endswith("(no guarantee)")
     safe = dict(run, config=dict(run["config"], epsilon_budget=2.0, pate_budget_on="data-independent"))
     assert not any("whether and where the teachers stopped" in c for c in caveats(safe, {}))
+    assert privacy_statement(safe)["holds"] is True
+
+
+def test_a_release_whose_parameters_came_from_the_votes_is_not_stated(pate_run):
+    """release_parameters = "data-dependent": the released epsilon does not cover the choice of its own
+    parameters, yet it was the publishable epsilon whenever it was below the data-independent bound."""
+    from engine.publication import pate_publishable, publishable_epsilon
+
+    store, run_id, _ = pate_run
+    run = store.get_run(run_id)
+    summary = run["summary"]
+    assert summary["epsilon_released"] < summary["epsilon_data_independent"]
+    assert publishable_epsilon(run).value == summary["epsilon_released"]
+    tuned = dict(run, summary=dict(summary, release=dict(summary["release"], parameters_from_data=True)))
+    eps = publishable_epsilon(tuned)
+    assert (eps.value, eps.accountant) == (summary["epsilon_data_independent"], "pate-di") and eps.guarantee
+    assert pate_publishable(1.0, 0.5, parameters_from_votes=True) == (1.0, "pate-di")
 
 
 def test_pate_list_and_show_lead_with_the_publishable_epsilon(pate_run):

@@ -280,3 +280,19 @@ def test_a_test_split_sorted_by_class_gives_every_class_to_the_pool_and_the_held
     assert torch.equal(run.data.y_test[held_out], run.y_holdout)
     assert public_order_for("mnist") == public_order_for("CIFAR-10") == AS_STORED
     assert public_order_for("digits") == public_order_for(str(tmp_path / "pictures")) == SHUFFLED
+
+
+def test_a_release_tuned_on_the_votes_is_not_used(tmp_path, mnist_dir):
+    """release_parameters = "data-dependent" picks the release's order, beta and sigma by looking at the
+    votes: its epsilon does not cover that choice, so the run states its data-independent epsilon."""
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = store.create_run(RunConfig(**small_pate(mnist_dir, teacher_epochs=3, student_epochs=1,
+                                                     release_parameters="data-dependent")))
+    assert execute(store, run_id, stream=open(os.devnull, "w")) == "finished"
+    run = store.get_run(run_id)
+    summary = run["summary"]
+    assert summary["release"]["parameters_from_data"] is True and summary["epsilon_released"] is None
+    assert run["accountant"] == "pate-di" and run["epsilon"] == summary["epsilon_data_independent"]
+    assert store.privacy(run_id, "pate-released") == []
+    warnings = [e["message"] for e in store.events(run_id) if e["type"] == "warning"]
+    assert any("chosen from the votes" in w and "data-independent epsilon" in w for w in warnings)
