@@ -141,20 +141,22 @@ class DataParallel:
         self._collective(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX), "agreeing on a stop")
         return bool(flag.item() > 0)
 
-    def noisy_total(self, summed: list[torch.Tensor], loss_sum: torch.Tensor, batch_size: int,
+    def noisy_total(self, summed: list[torch.Tensor], tally: torch.Tensor, batch_size: int,
                     add_noise: Callable[[list[torch.Tensor]], list[torch.Tensor]]) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """All-reduce the clipped sums (with the loss sum and batch size); rank 0 adds the noise once
-        and broadcasts the noisy total. Returns (noisy sums, global loss sum); sets `last_batch_size`."""
+        """All-reduce the clipped sums (with `tally`, e.g. the loss sum, and the batch size); rank 0 adds
+        the noise once and broadcasts the noisy total. Returns (noisy sums, global tally); sets
+        `last_batch_size`."""
+        extra = tally.numel() + 1
         flat = torch.cat([s.reshape(-1) for s in summed]
-                         + [loss_sum.reshape(1).to(summed[0].dtype),
+                         + [tally.reshape(-1).to(summed[0].dtype),
                             torch.tensor([float(batch_size)], dtype=summed[0].dtype, device=summed[0].device)])
         self._collective(lambda: dist.all_reduce(flat, op=dist.ReduceOp.SUM), "adding the clipped gradients")
-        totals, extras = _unflatten(flat, summed), flat[-2:]
-        self.last_batch_size = int(round(float(extras[1])))
+        totals, extras = _unflatten(flat, summed), flat[-extra:]
+        self.last_batch_size = int(round(float(extras[-1])))
         noisy_flat = (torch.cat([n.reshape(-1) for n in add_noise(totals)]) if self.reports
-                      else torch.empty(flat.numel() - 2, dtype=flat.dtype, device=flat.device))
+                      else torch.empty(flat.numel() - extra, dtype=flat.dtype, device=flat.device))
         self._collective(lambda: dist.broadcast(noisy_flat, src=0), "receiving the noisy gradient from rank 0")
-        return _unflatten(noisy_flat, summed), extras[0]
+        return _unflatten(noisy_flat, summed), extras[:-1].reshape(tally.shape).to(tally.dtype)
 
     def _collective(self, call: Callable[[], Any], doing: str) -> Any:
         try:

@@ -61,9 +61,26 @@ def per_example_norms(grads: list[torch.Tensor]) -> torch.Tensor:
 def clip_factors(norms: torch.Tensor, clipping_norm: float, weights: torch.Tensor | None = None) -> torch.Tensor:
     """min(1, C / norm) per example: scaling by it leaves every gradient with norm <= C.
 
+    An example whose norm is not finite (NaN or infinite: its loss or gradient overflowed) gets 0: it
+    is left out of the step (`finite_rows` zeroes its gradient, where 0 * NaN would still be NaN),
+    so one extreme example can neither ruin the sum nor reveal itself through it.
     `weights` (0 or 1 per example) multiply the factors: a padding row (weight 0) adds exactly nothing."""
-    factors = (clipping_norm / (norms + NORM_EPS)).clamp(max=1.0)
+    factors = torch.where(torch.isfinite(norms), (clipping_norm / (norms + NORM_EPS)).clamp(max=1.0), 0.0)
     return factors if weights is None else factors * weights
+
+
+def finite_norms(norms: torch.Tensor) -> torch.Tensor | None:
+    """Which examples' norms are finite (B,), the examples clip_factors keeps; None when all are on CPU,
+    where asking costs nothing and spares finite_rows a pass over every gradient. (On a GPU the
+    answer would make the host wait for the step; there the rows are always masked.)"""
+    kept = torch.isfinite(norms)
+    return None if kept.device.type == "cpu" and bool(kept.all()) else kept
+
+
+def finite_rows(t: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
+    """`t` (B, ...) with the rows of the examples not `kept` (B,) set to zero (see clip_factors): a factor
+    of 0 alone would leave them NaN (0 * NaN). `kept` None: every row is kept."""
+    return t if kept is None else torch.where(kept.view((-1,) + (1,) * (t.dim() - 1)), t, 0.0)
 
 
 def clipped_sum(grads: list[torch.Tensor], clipping_norm: float,
@@ -71,8 +88,9 @@ def clipped_sum(grads: list[torch.Tensor], clipping_norm: float,
     """Sum over the batch of the clipped per-example gradients; also returns the raw norms."""
     norms = per_example_norms(grads)
     factors = clip_factors(norms, clipping_norm, weights)
+    kept = finite_norms(norms)
     batch = factors.shape[0]
-    summed = [(factors @ g.reshape(batch, -1)).view(g.shape[1:]) for g in grads]
+    summed = [(factors @ finite_rows(g, kept).reshape(batch, -1)).view(g.shape[1:]) for g in grads]
     return summed, norms
 
 

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.dpsgd import mechanism
+from engine.dpsgd.mechanism import finite_rows
 
 _Params = dict[str, torch.Tensor]  # "weight"/"bias" -> tensor
 
@@ -142,7 +143,8 @@ class LayerwiseGradients(_Strategy):
             parts.append(part)
         norms = norms_sq.sqrt()
         factors = mechanism.clip_factors(norms, clipping_norm, weights)
-        summed_by_layer = {layer: part.weighted_sum(factors) for layer, part in zip(self.layers, parts)}
+        kept = mechanism.finite_norms(norms)  # the others are left out (mechanism.clip_factors)
+        summed_by_layer = {layer: part.weighted_sum(factors, kept) for layer, part in zip(self.layers, parts)}
         summed = [summed_by_layer[layer][pname] for layer, pname in self._owner]
         return losses, summed, norms
 
@@ -207,8 +209,8 @@ class _MaterializedPart:
     def norms_sq(self) -> torch.Tensor:
         return sum(_sq_norms(g) for g in self.grads.values())
 
-    def weighted_sum(self, factors: torch.Tensor) -> _Params:
-        return {n: (factors @ g.flatten(1)).view(g.shape[1:]) for n, g in self.grads.items()}
+    def weighted_sum(self, factors: torch.Tensor, kept: torch.Tensor | None) -> _Params:
+        return {n: (factors @ finite_rows(g, kept).flatten(1)).view(g.shape[1:]) for n, g in self.grads.items()}
 
 
 class _LinearPart:
@@ -236,12 +238,13 @@ class _LinearPart:
             total = total + g_sq
         return total
 
-    def weighted_sum(self, factors: torch.Tensor) -> _Params:
+    def weighted_sum(self, factors: torch.Tensor, kept: torch.Tensor | None) -> _Params:
         out = {}
+        g = finite_rows(self.g, kept)
         if "weight" in self.wanted:
-            out["weight"] = (self.g * factors.unsqueeze(1)).t() @ self.a
+            out["weight"] = (g * factors.unsqueeze(1)).t() @ finite_rows(self.a, kept)
         if "bias" in self.wanted:
-            out["bias"] = factors @ self.g
+            out["bias"] = factors @ g
         return out
 
 
@@ -287,14 +290,15 @@ class _LinearSeqPart:
             total = total + _sq_norms(self.g.sum(1))
         return total
 
-    def weighted_sum(self, factors: torch.Tensor) -> _Params:
+    def weighted_sum(self, factors: torch.Tensor, kept: torch.Tensor | None) -> _Params:
         out = {}
         f_out, f_in = self.g.shape[2], self.a.shape[2]
+        g = finite_rows(self.g, kept)
         if "weight" in self.wanted:
-            scaled = self.g * factors.view(-1, 1, 1)
-            out["weight"] = scaled.reshape(-1, f_out).t() @ self.a.reshape(-1, f_in)
+            scaled = g * factors.view(-1, 1, 1)
+            out["weight"] = scaled.reshape(-1, f_out).t() @ finite_rows(self.a, kept).reshape(-1, f_in)
         if "bias" in self.wanted:
-            out["bias"] = factors @ self.g.sum(1)
+            out["bias"] = factors @ g.sum(1)
         return out
 
 
@@ -317,8 +321,8 @@ class _ConvPart(_MaterializedPart):
             out["weight"] = self._to_param_layout(out["weight"], batch=True)
         return out
 
-    def weighted_sum(self, factors: torch.Tensor) -> _Params:
-        out = super().weighted_sum(factors)
+    def weighted_sum(self, factors: torch.Tensor, kept: torch.Tensor | None) -> _Params:
+        out = super().weighted_sum(factors, kept)
         if "weight" in out and self._weight_order is not None:
             out["weight"] = self._to_param_layout(out["weight"], batch=False)
         return out

@@ -34,7 +34,7 @@ Emit = Callable[..., Any]
 
 
 class TrainingDiverged(DPWError):
-    """The loss became NaN or infinite."""
+    """The model's weights became NaN or infinite."""
 
 
 #: Below this RDP epsilon every accountant's bound is finite (the PLD grid reaches losses of 600).
@@ -207,13 +207,16 @@ class DPSGDStep:
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Update the model; returns the sum of the batch's per-example losses, a 0-d tensor on the
-        model's device (not read here: reading it would make the host wait for the GPU every step)."""
-        loss_sum = torch.zeros((), device=x.device)
+        model's device (not read here: reading it would make the host wait for the GPU every step).
+        An example whose loss or gradient is not finite is left out of the step (mechanism.clip_factors)
+        and of the sum; `left_out` counts them (a 0-d tensor, read as late as the loss)."""
+        tally = torch.zeros(2, device=x.device)  # the kept examples' loss sum, the examples left out
         summed = [torch.zeros_like(p) for p in self.params]
         for start in range(0, x.shape[0], self.max_physical_batch_size):
             end = start + self.max_physical_batch_size
-            losses, part, _ = self.clipped_sum(x[start:end], y[start:end])
-            loss_sum += losses.sum()
+            losses, part, norms = self.clipped_sum(x[start:end], y[start:end])
+            kept = torch.isfinite(norms)
+            tally += torch.stack([torch.where(kept, losses, 0.0).sum(), (~kept).sum()]).to(tally.dtype)
             torch._foreach_add_(summed, part)
         if self.canaries is not None:  # the auditor knows every other record's clipped sum (DP's adversary)
             known = [total.clone() for total in summed]
@@ -223,14 +226,15 @@ class DPSGDStep:
         if self.data_parallel is None:
             noisy = add_noise(summed)
         else:  # all ranks' sums added, the noise added once by rank 0 (engine.dpsgd.distributed)
-            noisy, loss_sum = self.data_parallel.noisy_total(summed, loss_sum, x.shape[0], add_noise)
+            noisy, tally = self.data_parallel.noisy_total(summed, tally, x.shape[0], add_noise)
         if self.canaries is not None:
             self.canaries.observe([g - k for g, k in zip(noisy, known)])
         # Divide by the EXPECTED batch size (not the realised one, which depends on the data).
         for p, g in zip(self.params, noisy):
             p.grad = g / self.expected_batch_size
         self.optimizer.step()
-        return loss_sum
+        self.left_out = tally[1]
+        return tally[0]
 
     def close(self) -> None:
         if isinstance(self.clipped_sum, GraphedClippedSum):
@@ -377,6 +381,7 @@ def train(
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate_at(config, step, min(total, plan.steps_allowed))
         loss_sum = step_fn(x_train[idx], y_train[idx])
+        weights_finite = torch.stack([p.isfinite().all() for p in model.parameters()]).all()
         batch_size = int(idx.numel()) if data_parallel is None else data_parallel.last_batch_size
         step += 1
         samples += batch_size
@@ -386,7 +391,7 @@ def train(
             eps = live.epsilon()
             emit("privacy", step=step, epsilon=eps.value, delta=eps.delta, accountant=eps.accountant)
         losses.report_previous()  # the step before: the GPU may still finish it, but this one is queued behind it
-        losses.hold(step, batch_size, loss_sum)
+        losses.hold(step, batch_size, loss_sum, getattr(step_fn, "left_out", None), weights_finite)
         if step % eval_every == 0 or step == total or step >= plan.steps_allowed:
             losses.report_previous()
             accuracy, test_loss = _evaluate_and_report(model, x_test, y_test, step, epoch, live, plan, emit)
@@ -428,29 +433,43 @@ def train(
 class _LossReport:
     """Each step's training loss, read and emitted one step late: on a GPU, reading a step's loss right
     after launching it would make the host wait for the whole step before it could launch the next.
-    A loss that is NaN or infinite ends the run (TrainingDiverged) naming the step it came from."""
+
+    Weights that became NaN or infinite end the run (TrainingDiverged) naming the step. That check reads
+    the model, which the noise already protects; the loss of the private batch has no noise, so a
+    non-finite loss ends nothing: its example was left out of the step (mechanism.clip_factors), which
+    the first such step says in a warning, and the loss shown is the mean over the examples kept."""
 
     def __init__(self, emit: Emit, steps_per_epoch: float):
         self.emit = emit
         self.steps_per_epoch = steps_per_epoch
-        self.held: tuple[int, int, torch.Tensor] | None = None
+        self.held: tuple | None = None
+        self.left_out = 0  # examples left out so far
 
-    def hold(self, step: int, batch_size: int, loss_sum: torch.Tensor) -> None:
-        self.held = (step, batch_size, loss_sum)
+    def hold(self, step: int, batch_size: int, loss_sum: torch.Tensor, left_out: torch.Tensor | None,
+             weights_finite: torch.Tensor) -> None:
+        self.held = (step, batch_size, loss_sum, left_out, weights_finite)
 
     def report_previous(self) -> None:
         if self.held is None:
             return
-        (step, batch_size, loss_sum), self.held = self.held, None
-        value = float(loss_sum)
-        if not math.isfinite(value):
+        (step, batch_size, loss_sum, left_out, weights_finite), self.held = self.held, None
+        if not bool(weights_finite):
             raise TrainingDiverged(
-                f"training diverged: the loss became {value} at step {step}",
-                hint="lower the learning_rate (and check the data for extreme values)",
+                f"training diverged: the model's weights became NaN or infinite at step {step}",
+                hint="lower the learning_rate",
             )
-        if batch_size:
+        left = 0 if left_out is None else int(left_out)
+        if left and not self.left_out:
+            self.emit("warning", message=f"step {step}: {left} example(s) of the batch had a loss or gradient "
+                      "that is not finite (NaN or infinite) and were left out of the step; the guarantee is "
+                      "unchanged, but such examples never train the model",
+                      hint="check the data for extreme values (or scale the features: normalization, "
+                      "feature_bounds), or lower the learning_rate")
+        self.left_out += left
+        value = float(loss_sum)
+        if batch_size > left and math.isfinite(value):
             self.emit("metric", step=step, epoch=round(step / self.steps_per_epoch, 5), name="train_loss",
-                      value=value / batch_size)
+                      value=value / (batch_size - left))
 
 
 def _draw_canaries(config: RunConfig, plan: PrivacyPlan, private: PrivateRandomness | None, *, x_train, num_classes,

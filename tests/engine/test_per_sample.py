@@ -209,6 +209,28 @@ def test_every_clipped_gradient_has_norm_at_most_c_through_the_strategy(name):
     assert bound > 0, "no example had a gradient larger than C: the test did not exercise clipping"
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_an_example_whose_gradient_is_not_finite_adds_nothing_to_the_clipped_sum(name, bad):
+    """Sensitivity C needs every example's share to have norm <= C: an example whose loss or gradient is
+    NaN or infinite (bad data, overflow) had a NaN clip factor and made the whole sum NaN. It is left out:
+    the sum is the sum without it, and its norm says it was not finite."""
+    build, shape, classes = CASES[name]
+    model = build()
+    x, y = case_data(shape, classes, seed=3)
+    x_bad = x.clone()
+    x_bad[2] = bad
+    kept = torch.ones(shape[0], dtype=torch.bool)
+    kept[2] = False
+    for label, strategy in strategies(model).items():
+        _, want, _ = strategy.clipped_sum(x[kept], y[kept], 0.5)
+        _, summed, norms = strategy.clipped_sum(x_bad, y, 0.5)
+        assert not math.isfinite(float(norms[2])), label
+        assert all(torch.isfinite(s).all() for s in summed), label
+        assert_close_list(summed, want)
+        strategy.close()
+
+
 @pytest.mark.parametrize("plan", ["grouped", "patches", "patches_cl"])
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 def test_every_conv_method_matches_loop_on_every_conv_variant(plan, channels_last, monkeypatch):

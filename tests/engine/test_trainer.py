@@ -122,12 +122,30 @@ def test_every_step_reports_its_training_loss_once_in_step_order():
     assert [e["step"] for e in events if e["type"] == "metric" and e["name"] == "train_loss"] == [1, 2, 3, 4, 5]
 
 
-def test_a_loss_that_becomes_nan_fails_the_run_naming_its_step_with_every_step_taken_accounted():
+def test_examples_whose_gradient_is_not_finite_are_left_out_and_the_run_goes_on():
+    """A NaN example made the whole noisy sum NaN (its clip factor was NaN), and the run then failed on the
+    loss of the private batch, which has no noise: whether and when a run failed told of one example."""
+    events = []
+    prepared = prepare(RunConfig(**{**BASE, "epochs": 1}), emit=lambda t, **p: events.append({"type": t, **p}))
+    prepared.data.x_train[3:] = float("nan")  # only the first three examples are finite
+    result = prepared.train()
+    assert result.stop_reason == "completed" and result.test_accuracy is not None
+    assert all(torch.isfinite(w).all() for w in prepared.model.parameters())
+    losses = [e["value"] for e in events if e["type"] == "metric" and e["name"] == "train_loss"]
+    assert losses and all(math.isfinite(v) for v in losses)
+    warnings = [e["message"] for e in events if e["type"] == "warning"]
+    assert len([w for w in warnings if "left out of the step" in w]) == 1  # said once, at the first such step
+    assert [e["step"] for e in events if e["type"] == "privacy" and e["accountant"] == "rdp"] == \
+        list(range(1, result.steps_done + 1))
+
+
+def test_weights_that_become_nan_fail_the_run_naming_its_step_with_every_step_taken_accounted():
     events = []
     prepared = prepare(RunConfig(**BASE), emit=lambda t, **p: events.append({"type": t, **p}))
-    prepared.data.x_train[3:] = float("nan")  # every batch of more than 3 rows meets a NaN
-    with pytest.raises(TrainingDiverged, match=r"the loss became nan at step 1\b"):
+    with torch.no_grad():
+        next(prepared.model.parameters())[0] = float("inf")  # every output NaN from the first step on
+    with pytest.raises(TrainingDiverged, match=r"the model's weights became NaN or infinite at step 1\b"):
         prepared.train()
     assert not [e for e in events if e["type"] == "metric" and e["name"] == "train_loss"]
-    # step 2 ran before step 1's loss was read: it is accounted (its privacy event was emitted)
+    # step 2 ran before step 1's weights were read: it is accounted (its privacy event was emitted)
     assert [e["step"] for e in events if e["type"] == "privacy"] == [1, 2]
