@@ -83,6 +83,7 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
     if download:
         changes["allow_download"] = True
     config = config.replace(**changes) if changes else config
+    warn_settings_without_effect(config)
     from engine.distributed_launch import Launch, check_distributable
 
     launch = Launch(nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
@@ -394,6 +395,17 @@ class ProgressDisplay:
         if self.bar is not None:
             self.bar.__exit__(None, None, None)
             self.bar = None
+
+
+def warn_settings_without_effect(config: Any) -> None:
+    """One warning line per setting the config sets that the run will not read (settings_without_effect)."""
+    from engine.config import as_toml
+    from engine.settings_in_effect import settings_without_effect, why_without_effect
+
+    values = config.to_dict()
+    for name in settings_without_effect(values):
+        click.echo(f"warning: {name} = {as_toml(values[name])} has no effect: {why_without_effect(name, values)}",
+                   err=True)
 
 
 def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = False, store: Any = None) -> None:

@@ -393,7 +393,7 @@ def _encode_labels(values: np.ndarray, *, what: str) -> tuple[np.ndarray, tuple[
             numeric = np.array([float(s) for s in strings], dtype=np.float64)
         except ValueError:
             pass
-        if numeric is None or not np.all(np.isfinite(numeric)):
+        if numeric is None:  # names ("nan" among numbers is a missing label, refused below)
             classes = sorted(set(strings.tolist()))
             if "" in classes:
                 raise DataError(f"{what}: some labels are empty; give every example a class")
@@ -414,13 +414,14 @@ def _encode_labels(values: np.ndarray, *, what: str) -> tuple[np.ndarray, tuple[
 
 def _encode_text_labels(values: np.ndarray, *, what: str) -> tuple[np.ndarray, tuple[str, ...]]:
     """_encode_labels for a numpy text array, vectorised (a million labels without a Python string each):
-    numbers when every label parses as a finite number, else names in sorted order."""
+    numbers when every label parses as a number (a "nan" among them is a missing label: refused), else
+    names in sorted order."""
     strings = np.char.strip(values)
     try:
         numeric = strings.astype(np.float64)
     except ValueError:
         numeric = None
-    if numeric is not None and np.all(np.isfinite(numeric)):
+    if numeric is not None:
         return _encode_labels(numeric, what=what)
     classes, y = np.unique(strings, return_inverse=True)
     if "" in classes:

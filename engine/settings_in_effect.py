@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from engine.config import fields_used
+from engine.config import config_fields, fields_used
 
 # Registered datasets that come with their own test split (engine.datasets: torchvision sets).
 DATASETS_WITH_TEST_SPLIT = ("mnist", "fashion-mnist", "cifar10", "svhn")
@@ -33,3 +33,22 @@ def settings_in_effect(values: Mapping[str, Any]) -> list[str]:
     if str(values.get("normalization") or "").strip() != "dp":
         unused.add("normalization_noise_multiplier")
     return [name for name in fields_used(mechanism, aggregator) if name not in unused]
+
+
+def settings_without_effect(values: Mapping[str, Any]) -> list[str]:
+    """Settings set away from their default that a run with these `values` does not read (a PATE run's
+    target_epsilon, a baseline's noise_multiplier): what a config file says that the run will not do."""
+    used = set(settings_in_effect(values))
+    return [name for name, default, _ in config_fields()
+            if name in values and name not in used and values[name] != default]
+
+
+def why_without_effect(name: str, values: Mapping[str, Any]) -> str:
+    """Why `name` (one of settings_without_effect) is not read, in words."""
+    from engine.config import field_spec
+
+    mechanisms = field_spec(name).mechanisms
+    mechanism = str(values.get("mechanism") or "dpsgd").strip()
+    if mechanisms and mechanism not in mechanisms:
+        return f"only {' and '.join(repr(m) for m in mechanisms)} runs read it, and this run's mechanism is {mechanism!r}"
+    return "this run does not read it with its other settings (`dpw settings NAME` says when it applies)"

@@ -541,6 +541,8 @@ class Store:
 
     def get_run(self, run_id: int) -> dict[str, Any]:
         try:
+            if not -(2**63) <= run_id < 2**63:  # beyond SQLite's integers: no run has it
+                raise sqlite_utils.db.NotFoundError
             row = self.db["runs"].get(run_id)
         except sqlite_utils.db.NotFoundError:
             raise DPWError(f"no run with id {run_id} in {self.path}", hint="`dpw list` shows the runs") from None

@@ -122,6 +122,20 @@ def test_bad_config_file_is_one_line_naming_the_field(tmp_path):
     assert len(result.output.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("mechanism,setting,readers", [
+    ("pate", "target_epsilon = 3.5", "'dpsgd'"), ("pate", "noise_multiplier = 0.8", "'dpsgd'"),
+    ("none", "epsilon_budget = 2.5", "'dpsgd' and 'pate'"), ("dpsgd", "num_teachers = 10", "'pate'")])
+def test_a_setting_the_runs_mechanism_does_not_read_is_named_before_it_runs(tmp_path, mechanism, setting, readers):
+    """A PATE run with target_epsilon = 3.5 trained at the epsilon its own settings give, without a word."""
+    config = tmp_path / "c.toml"
+    noise = "noise_multiplier = 1.0\n" if mechanism == "dpsgd" else ""
+    config.write_text(f'dataset = "{tmp_path / "missing.csv"}"\nmechanism = "{mechanism}"\n{noise}{setting}\n')
+    ran = dpw("run", str(config), "--db", str(tmp_path / "r.sqlite"))
+    assert (f"warning: {setting} has no effect: only {readers} runs read it, and this run's mechanism is "
+            f"'{mechanism}'") in ran.stderr
+    assert ran.returncode == 1 and "missing.csv" in ran.stderr  # then the run goes on as before (here: no data)
+
+
 def test_run_list_and_show_on_a_tiny_real_run(tmp_path):
     config = tmp_path / "digits.toml"
     config.write_text('name = "tiny"\ndataset = "digits"\nnoise_multiplier = 1.0\nexpected_batch_size = 64\n'
@@ -129,7 +143,7 @@ def test_run_list_and_show_on_a_tiny_real_run(tmp_path):
     db = str(tmp_path / "r.sqlite")
     ran = dpw("run", str(config), "--db", db)
     assert ran.returncode == 0, ran.stderr
-    assert "run 1 (tiny): finished" in ran.stdout
+    assert "run 1 (tiny): finished" in ran.stdout and "has no effect" not in ran.stderr
     assert re.search(r"ε = \d+\.\d+, δ = 1e-05 \(pld\)", ran.stdout)
 
     listed = json.loads(dpw("list", "--db", db, "--json").stdout)

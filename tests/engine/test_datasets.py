@@ -418,6 +418,17 @@ def test_csv_with_string_labels_and_a_named_label_column(tmp_path: Path):
     assert names == [species[k % 3] for k in x1.tolist()]
 
 
+@pytest.mark.parametrize("missing", ["nan", "NaN", "inf"])
+def test_a_nan_among_numeric_csv_labels_is_refused_not_made_a_class(tmp_path: Path, missing: str):
+    """A 'nan' label among 0s and 1s trained a third class named "nan"; an .npz with a NaN label is refused."""
+    rows = "".join(f"{k},{k * 2},{k % 2}\n" for k in range(20)) + f"3,4,{missing}\n"
+    path = write_csv(tmp_path / "data.csv", "a,b,label\n" + rows)
+    with pytest.raises(DataError, match="column 'label': labels contain NaN or infinity; give every example a class"):
+        load_dataset(str(path))
+    names = write_csv(tmp_path / "names.csv", "a,label\n" + "".join(f"{k},{['cat', missing][k % 2]}\n" for k in range(20)))
+    assert load_dataset(str(names)).class_names == tuple(sorted(["cat", missing]))  # among names, a name
+
+
 def test_csv_missing_label_column_names_the_columns_found(tmp_path: Path):
     path = write_csv(tmp_path / "d.csv", "x,y,target\n1,2,0\n3,4,1\n")
     with pytest.raises(DataError, match=r"d\.csv: no label column 'label'; the columns are: 'x', 'y', 'target'"):

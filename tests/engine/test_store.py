@@ -72,6 +72,14 @@ def test_a_run_named_with_digits_is_found_by_name_when_no_id_matches(store):
         store.find_run("7")
 
 
+def test_an_id_beyond_sqlites_integers_is_no_run(store):
+    """It was an OverflowError traceback from show, tag, delete, export, report, audit and resume."""
+    store.create_run(RunConfig(name="r", noise_multiplier=1.0))
+    for ref in ("9" * 23, 2**63, -(2**63) - 1):
+        with pytest.raises(DPWError, match=f"no run with id {ref}"):
+            store.find_run(ref)
+
+
 def test_run_whose_process_died_is_marked_failed(store):
     run_id = store.create_run(RunConfig(name="lost", noise_multiplier=1.0))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
