@@ -265,6 +265,11 @@ def prepare(config: RunConfig, *, emit: Emit = _noop, data_parallel: Any = None,
     if data_parallel is not None:
         data_parallel.check_same_data(data.fingerprint)
         plan = data_parallel.share(plan)  # one plan for all ranks: rank 0's
+    if plan.private and plan.steps_allowed == 0:  # it would "finish" with the untrained model
+        raise ConfigError("epsilon_budget", f"{config.epsilon_budget:g} allows no training step: one step at noise "
+                          f"multiplier {plan.noise_multiplier:.4g} and sample rate {plan.sample_rate:.3g} already "
+                          f"spends more ({plan.accountant})",
+                          hint="raise epsilon_budget or noise_multiplier, or lower expected_batch_size")
     emit(
         "plan",
         model=model_name,

@@ -206,6 +206,9 @@ def stored_runs(db: Path) -> list:
         ('dataset = "breast-cancer"\nmodel = "mnist_cnn"\nnoise_multiplier = 1.1\ndelta = 1e-5\n',
          ["model 'mnist_cnn' does not fit input shape (30,)", "mlp, logistic"]),
         ('dataset = "no-such-data.csv"\nnoise_multiplier = 1.1\n', ["no-such-data.csv: file not found"]),
+        # it "finished" at step 0 with the untrained model, which could be exported
+        ('dataset = "digits"\nnoise_multiplier = 1.0\nepsilon_budget = 1e-6\n',
+         ["epsilon_budget: 1e-06 allows no training step", "raise epsilon_budget"]),
     ],
 )
 def test_config_that_cannot_train_prints_one_line_and_stores_no_run(tmp_path, config_text, words):
