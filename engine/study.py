@@ -170,27 +170,34 @@ def private_study_epsilon(config: StudyConfig, num_train: int, orders=DEFAULT_OR
     return Epsilon(value=eps.value, delta=eps.delta, accountant=PRIVATE_ACCOUNTANT, order=eps.order)
 
 
-def composition_epsilon(configs: list[RunConfig], num_train: int, delta: float, orders=DEFAULT_ORDERS) -> Epsilon:
+def composition_epsilon(configs: list[RunConfig], num_train: int, delta: float, orders=DEFAULT_ORDERS, *,
+                        steps_done: list[int] | None = None) -> Epsilon:
     """Every candidate released: DP-SGD runs composed by PLD (each its own sample rate, noise and
-    planned steps), PATE runs by the sum of their data-independent RDP curves, converted at `delta`.
+    planned steps, or the steps each took: `steps_done`, once they ran), PATE runs by the sum of their
+    data-independent RDP curves (planned queries), converted at `delta`.
 
-    DP-SGD: never below the epsilon a candidate states for itself (its own accountant at its planned
-    steps). Both are upper bounds, so the larger is one too, and a study reading below a run it
-    releases (a run accounted by RDP, looser than the PLD of the same steps) would look like an error."""
+    DP-SGD: never below the epsilon a candidate states for itself (its own accountant at those steps).
+    Both are upper bounds, so the larger is one too, and a study reading below a run it releases (a
+    run accounted by RDP, looser than the PLD of the same steps) would look like an error."""
     if all(c.mechanism == "dpsgd" for c in configs):
         plans = [_dpsgd_plan(c, num_train) for c in configs]
-        eps = pld_epsilon_composed(mechanisms=[SubsampledGaussian(p.sample_rate, p.noise_multiplier, p.steps_planned)
-                                               for p in plans], delta=delta)
-        value = max([eps.value] + [_own_epsilon(p, delta) for p in plans])
+        taken = ([p.steps_planned for p in plans] if steps_done is None else
+                 [min(int(done), p.steps_planned) for p, done in zip(plans, steps_done)])
+        ran = [(p, steps) for p, steps in zip(plans, taken) if steps > 0]
+        if not ran:  # no step taken: only the (data-independent) initial models
+            return Epsilon(value=0.0, delta=delta, accountant=COMPOSITION_ACCOUNTANT)
+        eps = pld_epsilon_composed(mechanisms=[SubsampledGaussian(p.sample_rate, p.noise_multiplier, steps)
+                                               for p, steps in ran], delta=delta)
+        value = max([eps.value] + [_own_epsilon(p, steps, delta) for p, steps in ran])
         return Epsilon(value=value, delta=eps.delta, accountant=COMPOSITION_ACCOUNTANT)
     total = np.sum([candidate_rdp(c, num_train, orders) for c in configs], axis=0)
     eps = rdp_to_epsilon(orders=orders, rdp=total, delta=delta)
     return Epsilon(value=eps.value, delta=eps.delta, accountant=RDP_COMPOSITION_ACCOUNTANT, order=eps.order)
 
 
-def _own_epsilon(plan, delta: float) -> float:
-    """The epsilon a DP-SGD candidate states for itself at `delta`, as its run accounts it."""
-    return _stated_epsilon(plan.sample_rate, plan.noise_multiplier, plan.steps_planned, delta, plan.accountant,
+def _own_epsilon(plan, steps: int, delta: float) -> float:
+    """The epsilon a DP-SGD candidate states for itself after `steps` at `delta`, as its run accounts it."""
+    return _stated_epsilon(plan.sample_rate, plan.noise_multiplier, steps, delta, plan.accountant,
                            plan.statistics_noise_multiplier)
 
 
@@ -319,8 +326,9 @@ def run_study(config: StudyConfig, store: Store, launch: Launch, *, emit: Emit |
     epsilon = None
     if config.mode == "private" and status == "finished":
         epsilon = private_study_epsilon(config, num_train)
-    elif accounted:
-        epsilon = composition_epsilon(plan.configs[:len(run_ids)], num_train, config.base.delta)
+    elif accounted:  # what the candidates spent: the steps each took (a stopped one: fewer than planned)
+        epsilon = composition_epsilon(plan.configs[:len(run_ids)], num_train, config.base.delta,
+                                      steps_done=[run.get("steps_done") or 0 for run in runs])
     _record(store, study_id, epsilon, num_candidates=len(run_ids), status=status, finished=now_iso(),
             released_run_id=released)
     if config.mode == "private" and released is not None:

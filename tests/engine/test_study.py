@@ -253,6 +253,40 @@ def test_a_composition_study_states_the_pld_composition_of_its_runs(tmp_path):
         assert publishable_epsilon(run).value > run_epsilon(run).value
 
 
+def test_a_composition_study_stopped_early_states_the_steps_its_runs_took(tmp_path):
+    """A study whose second run was stopped before its 5 steps stated the composition of both runs'
+    planned steps (more than they spent, and not what the ledger said for the same runs)."""
+    from engine.runner import StopFlag
+
+    class StopAfter(StopFlag):
+        def __init__(self, steps: int):
+            super().__init__()
+            self.left = steps
+
+        def __call__(self) -> bool:
+            self.left -= 1
+            return self.left < 0
+
+    config = study(mode="composition", mean_runs=None, search="grid", space={"noise_multiplier": [0.8, 1.5]})
+    store = Store(tmp_path / "runs.sqlite")
+    stops = iter([StopFlag(), StopAfter(3)])
+    result = run_study(config, store, lambda run_id: execute(store, run_id, stream=open(os.devnull, "w"),
+                                                             stop=next(stops)))
+    first, second = (store.get_run(r)["steps_done"] for r in result.run_ids)
+    assert result.status == "stopped" and first == 5 and 0 < second < 5
+    dpa = pytest.importorskip("dp_accounting")
+    from dp_accounting.pld import pld_privacy_accountant
+
+    q = BASE["expected_batch_size"] / TRAIN
+    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    runs = [dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(s)), steps)
+            for s, steps in ((0.8, 5), (1.5, second))]
+    accountant.compose(dpa.ComposedDpEvent(runs))
+    assert result.epsilon.value == pytest.approx(float(accountant.get_epsilon(1e-5)), rel=1e-4)
+    assert result.epsilon.value < dp_accounting_composition([0.8, 1.5])  # what both planned runs would spend
+    assert store.get_study(result.study_id)["epsilon"] == pytest.approx(result.epsilon.value)
+
+
 def test_a_composition_study_is_never_below_a_run_it_releases(tmp_path):
     """A candidate accounted by RDP states a larger epsilon than the PLD of the same steps: the study's
     epsilon, which covers that run among others, must not read below the run's own."""
