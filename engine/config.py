@@ -8,10 +8,12 @@ from `config_fields()` and every error names the field, the value and the allowe
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import hashlib
 import json
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -663,7 +665,17 @@ def read_toml(path: str | Path, field: str) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(field, f"{path} is not valid TOML: {exc}") from None
+        raise ConfigError(field, f"{path} is not valid TOML: {_toml_problem(str(exc), text)}") from None
+
+
+def _toml_problem(message: str, text: str) -> str:
+    """tomllib's message, naming the key where it says only "Cannot overwrite a value" (a key set twice)."""
+    found = re.search(r"Cannot overwrite a value \(at line (\d+), column \d+\)", message)
+    lines = text.splitlines()
+    if found and 0 < int(found.group(1)) <= len(lines):
+        key = lines[int(found.group(1)) - 1].split("=", 1)[0].strip()
+        return f"{key!r} is set twice (again at line {found.group(1)}); keep one"
+    return message
 
 
 def config_fields() -> list[tuple[str, Any, FieldSpec]]:
@@ -688,10 +700,13 @@ def field_spec(name: str) -> FieldSpec:
 
 
 def _coerce(name: str, value: Any) -> Any:
-    """Accept ints for float fields (TOML writes 1 for 1.0); everything else is checked as is."""
+    """Accept ints for float fields (TOML writes 1 for 1.0) and whole floats for int fields (64.0 is 64);
+    everything else is checked as is."""
     spec = field_spec(name)
     if spec.kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if spec.kind is int and isinstance(value, float) and value.is_integer():
+        return int(value)
     return value
 
 
@@ -703,6 +718,8 @@ def as_toml(value: Any) -> str:
         return f"{value:g}" if math.isfinite(value) else ("nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"))
     if isinstance(value, int):
         return str(value)
+    if isinstance(value, (datetime.date, datetime.time)):  # TOML dates and times, as the file writes them
+        return value.isoformat()
     return repr(value)
 
 

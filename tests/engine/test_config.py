@@ -69,9 +69,26 @@ def test_bad_toml_names_the_file(tmp_path):
         RunConfig.load_toml(path)
 
 
+def test_a_key_set_twice_is_named(tmp_path):
+    """tomllib says only "Cannot overwrite a value (at line 3, column 25)"."""
+    path = tmp_path / "twice.toml"
+    path.write_text('noise_multiplier = 1.0\nepochs = 2\nnoise_multiplier = 2.0\n')
+    with pytest.raises(ConfigError, match=r"twice.toml is not valid TOML: 'noise_multiplier' is set twice \(again at "
+                                          r"line 3\); keep one"):
+        RunConfig.load_toml(path)
+
+
 def test_toml_integers_are_accepted_for_number_fields():
     config = RunConfig.from_dict({"noise_multiplier": 1, "learning_rate": 2})
     assert config.noise_multiplier == 1.0 and isinstance(config.learning_rate, float)
+
+
+def test_whole_floats_are_accepted_for_whole_number_fields():
+    """expected_batch_size = 64.0 was refused as "64 is not a whole number"."""
+    config = RunConfig.from_dict({"noise_multiplier": 1.0, "expected_batch_size": 64.0, "epochs": 3.0})
+    assert config.expected_batch_size == 64 and isinstance(config.epochs, int)
+    with pytest.raises(ConfigError, match=r"^expected_batch_size: 64.5 is not a whole number"):
+        RunConfig.from_dict({"noise_multiplier": 1.0, "expected_batch_size": 64.5})
 
 
 def test_delta_of_one_over_n_or_more_is_refused_with_the_reason():
@@ -179,6 +196,8 @@ def test_errors_spell_values_as_a_config_file_does():
     """true, not Python's True; a whole number in full, not 9.22337e+18 on both sides of the range."""
     with pytest.raises(ConfigError, match=r"^epochs: true is not a whole number"):
         RunConfig(mechanism="none", epochs=True)
+    with pytest.raises(ConfigError, match=r"^name: 1979-05-27 is not text"):  # a TOML date: was datetime.date(...)
+        RunConfig.from_dict({"mechanism": "none", "name": __import__("datetime").date(1979, 5, 27)})
     with pytest.raises(ConfigError, match=r"seed: 9223372036854775808 is out of range; allowed: a whole number >= 0 "
                                           r"and <= 9223372036854775807"):
         RunConfig(mechanism="none", seed=2**63)
