@@ -73,7 +73,7 @@ def audit_run(store, run_ref: str | int, *, examples: int = DEFAULT_EXAMPLES, se
 
     if examples < 1:
         raise DPWError(f"--examples must be at least 1; got {examples}")
-    trained = load_trained_model(store, run_ref)
+    trained = load_trained_model(store, run_ref, doing="audit")
     run = trained.run
     x_in, y_in, x_out, y_out, members_from, nonmembers_from = _split(store, run, data_dir)
     rng = np.random.default_rng(seed)

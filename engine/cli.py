@@ -693,7 +693,8 @@ def delete(run_refs: tuple[str, ...], db: Path | None, yes: bool) -> None:
 
     store = open_store(db)
     store.reconcile_orphans()
-    runs = [store.find_run(ref) for ref in run_refs]
+    found = [store.find_run(ref) for ref in run_refs]
+    runs = list({run["id"]: run for run in found}.values())  # a run named twice ("3 3", "3 tiny") once
     for run in runs:  # all of them before any is deleted
         check_deletable(run)
     names = ", ".join(f"{r['id']} ({r['name']}, {r['status']})" for r in runs)
@@ -780,10 +781,19 @@ def run_details(store, run_ref: str, *, include_teacher_stats: bool = False) -> 
 
 
 # ---- export and report -------------------------------------------------------------------------
+def named_path(value: str | None, option: str) -> Path | None:
+    """`value` as a Path, refused when empty: Path("") is the current folder, so an unset shell variable
+    in `--out "$DIR"` exported into whatever folder the command ran in."""
+    if value is not None and not value.strip():
+        raise UserError(f"{option}: is empty; give a path (`.` for the current folder)")
+    return None if value is None else Path(value)
+
+
 @cli.command()
 @click.argument("run_ref")
 @db_option
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              callback=lambda _ctx, _param, value: named_path(value, "--out"),
               help="Folder for model.safetensors, model.pt2, model.onnx and model_card.json.")
 @click.option("--force", is_flag=True, help="Replace those files where the folder already holds them.")
 def export(run_ref: str, db: Path | None, out_dir: Path, force: bool) -> None:
@@ -806,7 +816,8 @@ def export(run_ref: str, db: Path | None, out_dir: Path, force: bool) -> None:
 @cli.command()
 @click.argument("run_ref")
 @db_option
-@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), required=True,
+@click.option("--out", "out_file", type=click.Path(dir_okay=False), required=True,
+              callback=lambda _ctx, _param, value: named_path(value, "--out"),
               help="FILE.html, FILE.pdf or FILE.json (the format follows the extension).")
 @click.option("--include-votes", is_flag=True,
               help="Include PATE's raw teacher vote histograms (private data: the report then says so at its top).")

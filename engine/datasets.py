@@ -972,9 +972,11 @@ def _load_npz(path: Path, *, test_fraction: float, seed: int, scaling: _ScalingR
     try:
         archive = np.load(path, allow_pickle=False)
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+        # numpy takes a file that is neither .npy nor zip for a pickle (and suggests loading it unsafely)
+        problem = str(e).splitlines()[0] if zipfile.is_zipfile(path) else "it is not a zip archive of .npy arrays"
         raise DataError(
-            f"{path}: cannot read as an .npz archive ({e}); save it with numpy.savez(path, x=..., y=...)"
-        ) from e
+            f"{path}: cannot read as an .npz archive ({problem}); save it with numpy.savez(path, x=..., y=...)"
+        ) from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise DataError(f"{path}: holds a single array, not an .npz archive with {_NPZ_LAYOUT}; use numpy.savez")
     with archive:

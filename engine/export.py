@@ -69,8 +69,9 @@ class TrainedModel:
                              norm.get("low"), norm.get("high")).eval()
 
 
-def load_trained_model(store: Store, run_ref: str | int, *, kind: str = "model") -> TrainedModel:
-    """The released model of a finished or stopped run, rebuilt from its saved weights."""
+def load_trained_model(store: Store, run_ref: str | int, *, kind: str = "model", doing: str = "export") -> TrainedModel:
+    """The released model of a finished or stopped run, rebuilt from its saved weights (`doing`: what the
+    model is wanted for, as an error says it)."""
     from engine.models import build_model
 
     from engine.publication import check_releasable
@@ -82,7 +83,7 @@ def load_trained_model(store: Store, run_ref: str | int, *, kind: str = "model")
     artifacts = [a for a in store.artifacts(run["id"]) if a["kind"] == kind]
     if not artifacts:
         raise DPWError(
-            f"run {run['id']} ({run['name']}) has no trained model to export (status: {run['status']})",
+            f"run {run['id']} ({run['name']}) has no trained model to {doing} (status: {run['status']})",
             hint="only runs that trained (finished, or stopped after some steps) have a model",
         )
     artifact = artifacts[-1]

@@ -217,7 +217,7 @@ def test_audit_text_output_and_a_run_without_a_model(digits_runs, tmp_path):
 
     queued = store.create_run(RunConfig(name="queued", dataset="digits", noise_multiplier=1.0))
     result = CliRunner().invoke(cli, ["audit", str(queued), "--db", str(store.path)])
-    assert result.exit_code == 1 and "no trained model" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 1 and "no trained model to audit" in result.output and "Traceback" not in result.output
 
 
 def test_pate_risk_comes_from_the_data_independent_curve_and_says_so(tmp_path, mnist_dir):

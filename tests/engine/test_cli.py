@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from engine import privacy
 from engine.cli import cli
+from engine.config import RunConfig
 from engine.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,6 +103,9 @@ def test_privacy_dpsgd_of_noise_too_small_for_any_bound_answers_inf_and_says_so(
          ["--noise-multiplier: 2000 is out of range; allowed: a number > 0 and <= 1000"]),
         (["privacy", "calibrate", "--sample-rate", "0.1", "--steps", "10", "--epsilon", "500", "--delta", "1e-5"],
          ["--epsilon: 500 is out of range; allowed: a number > 0 and <= 100"]),
+        # an unset shell variable: Path("") is the current folder, where it exported
+        (["export", "1", "--out", ""], ["--out: is empty; give a path"]),
+        (["report", "1", "--out", " "], ["--out: is empty; give a path"]),
     ],
 )
 def test_user_errors_are_one_line_without_traceback(tmp_path, args, words):
@@ -111,6 +115,14 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, args, words):
     assert "Traceback" not in result.output
     for word in words:
         assert word in result.output
+
+
+def test_a_run_named_twice_is_deleted_once(tmp_path):
+    """`dpw delete 1 1 --yes` deleted run 1, then failed on the second 1 with exit status 1."""
+    store = Store(tmp_path / "r.sqlite")
+    store.create_run(RunConfig(name="twice", dataset="digits", noise_multiplier=1.0))
+    result = CliRunner().invoke(cli, ["delete", "1", "twice", "--yes", "--db", str(store.path)])
+    assert result.exit_code == 0 and result.output == "deleted run 1 (twice)\n"
 
 
 def test_bad_config_file_is_one_line_naming_the_field(tmp_path):

@@ -548,6 +548,15 @@ def test_npz_mismatched_lengths_missing_keys_and_half_test_arrays(tmp_path: Path
         load_dataset(str(path))
 
 
+def test_a_file_that_is_no_archive_is_not_called_pickled_data(tmp_path: Path):
+    """numpy's message for a text file named .npz said it held pickled data and suggested allow_pickle."""
+    path = tmp_path / "notes.npz"
+    path.write_text("patient, outcome\n1, 0\n")
+    with pytest.raises(DataError) as error:
+        load_dataset(str(path))
+    assert "it is not a zip archive of .npy arrays" in str(error.value) and "pickle" not in str(error.value)
+
+
 def test_npz_table_values_that_are_not_finite_or_beyond_32_bit_floats_are_named(tmp_path: Path):
     path = tmp_path / "t.npz"
     x = np.zeros((10, 3))
