@@ -6,11 +6,13 @@
 
 Class names are the sub-folder names in sorted order; every image file (png, jpg, jpeg, bmp, gif,
 tif, tiff, webp) is one example. Hidden files and folders (a leading '.', e.g. the '._name.png'
-files macOS leaves on other disks) are left out. Only the file list and the labels are held in
-memory: a training step decodes exactly the images its Poisson sample drew (`ImageFileRows`), so
-the folder may be far larger than memory. All images must have one size (every file's header is
-checked at load); the colour mode is the first image's (grayscale "L" or "RGB"), and every image is
-converted to it.
+files macOS leaves on other disks) are left out; a link to a file that does not exist is refused.
+Only the file list and the labels are held in memory: a training step decodes exactly the images its
+Poisson sample drew (`ImageFileRows`), so the folder may be far larger than memory. All images must
+have one size, at most MAX_PIXELS (every file's header is checked at load); the colour mode is the
+first image's (grayscale "L" or "RGB"), and every image is converted to it. 16-bit grayscale images
+are scaled by value / 65535 (a folder of them reads as float32 in [0, 1]); 32-bit integer and float
+images, which have no fixed range, are refused.
 The train/test split is a seeded, stratified split of the files (engine.datasets.stratified_split).
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 from collections.abc import Collection
 from pathlib import Path
 
@@ -27,6 +30,16 @@ from engine.array_data import HASH_READ, MappedRows, hash_files, image_dataset
 from engine.errors import DataError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+SIGNATURES = ((0, b"\x89PNG", "PNG"), (0, b"\xff\xd8", "JPEG"), (0, b"GIF8", "GIF"), (0, b"BM", "BMP"),
+              (0, b"II*\x00", "TIFF"), (0, b"MM\x00*", "TIFF"), (8, b"WEBP", "WebP"))
+"""(offset, bytes, format) that start a file of each format read here: a file that starts so but
+does not open is a damaged one, not another kind of file."""
+MAX_PIXELS = 1024 * 1024 * 1024 // 4 // 3
+"""An image's largest width x height (89 million pixels): Pillow's own limit against decompression
+bombs, checked here from the header so that the refusal can name the size."""
+SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+
+_PILLOW_LIMIT_LOCK = threading.Lock()  # held while Image.MAX_IMAGE_PIXELS (a module global) is lifted
 
 
 def is_image_folder(folder: Path) -> bool:
@@ -51,47 +64,65 @@ def _subfolders(folder: Path):
 
 
 def _image_names(folder: Path):
-    """The names of `folder`'s image files, hidden ones left out."""
+    """The names of `folder`'s image files, hidden ones left out. A link to a file that does not exist
+    is refused: left out, the run would train on fewer files than the folder shows."""
+    names = []
     with os.scandir(folder) as entries:
-        return [e.name for e in entries
-                if not e.name.startswith(".") and os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES
-                and e.is_file()]
+        for e in entries:
+            if e.name.startswith(".") or os.path.splitext(e.name)[1].lower() not in IMAGE_SUFFIXES:
+                continue
+            if e.is_file():
+                names.append(e.name)
+            elif e.is_symlink() and not os.path.exists(e.path):
+                raise DataError(f"{e.path}: is a link to {os.readlink(e.path)}, which does not exist; remove it")
+    return names
 
 
 class ImageFileRows:
-    """Examples as image files: `read(rows)` decodes those files into (n, C, H, W) uint8."""
+    """Examples as image files: `read(rows)` decodes those files into (n, C, H, W) `dtype`: uint8, or
+    float32 in [0, 1] when the first image is 16-bit (uint8 would lose its depth)."""
 
     def __init__(self, files: list[Path], *, name: str):
         self.files = files
         self.name = name
-        first = self._first_readable()
-        self.mode = "L" if first.mode in ("1", "L", "I", "I;16", "F") else "RGB"
-        self.size = first.size  # (width, height)
+        with self._first_readable() as first:
+            deep = first.mode in SIXTEEN_BIT_MODES
+            self.mode = "L" if deep or first.mode in ("1", "L") else "RGB"
+            self.dtype = np.float32 if deep else np.uint8
+            self.size = first.size  # (width, height)
         channels = 1 if self.mode == "L" else 3
-        self.shape = (len(files), channels, first.size[1], first.size[0])
+        self.shape = (len(files), channels, self.size[1], self.size[0])
         self._checked = False
 
     def _first_readable(self):
-        """The first file that opens as an image (its header): it sets the folder's size and colour
-        mode. A file before it that does not open is named by `check_every_row`, with the others."""
+        """The first file whose header `_open` accepts: it sets the folder's size, colour mode and
+        dtype. A file before it that is refused is named by `check_every_row`, with the others."""
         problems = []
         for path in self.files:
             try:
-                return self._open(path, decode=False)
+                return self._open(path)
             except DataError as problem:
                 problems.append(problem)
         raise _refused(problems, self.name)
 
-    def _open(self, path: Path, *, decode: bool = True, head: bytes | None = None):
-        """The image in `path` (from `head`, its bytes already read, when given)."""
-        from PIL import Image, UnidentifiedImageError
+    def _open(self, path: Path, *, head: bytes | None = None):
+        """The image in `path` (from `head`, its bytes already read, when given), its header read and
+        checked, its pixels not yet decoded."""
+        from PIL import Image
 
-        try:
-            image = Image.open(path if head is None else io.BytesIO(head))
-            if decode:
-                image.load()
-        except (OSError, UnidentifiedImageError) as e:
-            raise DataError(f"{path}: cannot be read as an image ({e}); remove or replace the file") from None
+        with _PILLOW_LIMIT_LOCK:  # Pillow's limit raises or warns without the size: MAX_PIXELS below names it
+            limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+            try:
+                image = Image.open(path if head is None else io.BytesIO(head))
+            except OSError as e:
+                why = e.strerror.lower() if e.strerror else _unreadable(path, head)
+                raise DataError(f"{path}: cannot be read as an image ({why}); remove or replace the file") from None
+            finally:
+                Image.MAX_IMAGE_PIXELS = limit
+        refusal = _refusal(image)
+        if refusal:
+            image.close()
+            raise DataError(f"{path}: {refusal}")
         return image
 
     def _check_size(self, path: Path, image) -> None:
@@ -100,14 +131,29 @@ class ImageFileRows:
                             f"{self.size[0]}x{self.size[1]}; resize every image to one size")
 
     def read(self, rows: np.ndarray) -> np.ndarray:
-        out = np.empty((len(rows), *self.shape[1:]), dtype=np.uint8)
+        out = np.empty((len(rows), *self.shape[1:]), dtype=self.dtype)
         for i, row in enumerate(rows):
             path = self.files[int(row)]
-            image = self._open(path)
-            self._check_size(path, image)
-            pixels = np.asarray(image.convert(self.mode), dtype=np.uint8)
-            out[i] = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+            with self._open(path) as image:
+                self._check_size(path, image)
+                out[i] = self._pixels(path, image)
         return out
+
+    def _pixels(self, path: Path, image) -> np.ndarray:
+        """`image` decoded as (C, H, W) in the folder's colour mode and dtype. A 16-bit image is
+        value / 65535 (convert("L") clips every value above 255), rounded to 256 levels in a uint8 folder."""
+        try:
+            image.load()
+        except OSError:
+            raise DataError(f"{path}: cannot be read as an image (a {image.format} file cut short or damaged); "
+                            "remove or replace the file") from None
+        if image.mode in SIXTEEN_BIT_MODES:
+            unit = np.asarray(image, dtype=np.float32)[None] / 65535
+            pixels = np.repeat(unit, 3, axis=0) if self.mode == "RGB" else unit
+            return pixels if self.dtype == np.float32 else np.rint(pixels * 255).astype(np.uint8)
+        pixels = np.asarray(image.convert(self.mode), dtype=np.uint8)
+        pixels = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+        return pixels if self.dtype == np.uint8 else pixels / np.float32(255)
 
     def check_every_row(self) -> None:
         """Refuse the folder before training if a file is not an image or has another size: said at
@@ -149,7 +195,7 @@ class ImageFileRows:
         if head is not None and len(head) == HASH_READ:  # a file larger than one read: open it whole
             head = None
         try:
-            with self._open(path, decode=False, head=head) as image:
+            with self._open(path, head=head) as image:
                 self._check_size(path, image)
         except DataError as problem:
             problems.append(problem)
@@ -158,6 +204,33 @@ class ImageFileRows:
         if problems:
             raise _refused(problems, self.name)
         self._checked = True
+
+
+def _refusal(image) -> str | None:
+    """What is wrong with an image that opens, from its header alone (nothing is decoded yet)."""
+    width, height = image.size
+    if width * height > MAX_PIXELS:
+        return (f"is {width}x{height} pixels, more than the {MAX_PIXELS:,} an image may have (Pillow's limit "
+                "against decompression bombs); remove or resize it")
+    if image.mode in ("I", "F"):
+        kind = "signed or 32-bit integer" if image.mode == "I" else "floating-point"
+        return (f"has {kind} pixels (Pillow mode {image.mode}), which have no fixed range to scale from; "
+                "save 8- or 16-bit images, or put the images in x.npy as floats in [0, 1]")
+    return None
+
+
+def _unreadable(path: Path, head: bytes | None) -> str:
+    """Why Pillow could not open the file, said from its first bytes (Pillow's message names a Python
+    object, '<_io.BytesIO object at 0x...>')."""
+    if head is None:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    if not head:
+        return "the file is empty, 0 bytes"
+    for offset, start, kind in SIGNATURES:
+        if head[offset:].startswith(start):
+            return f"a {kind} file cut short or damaged"
+    return "not a PNG, JPEG, BMP, GIF, TIFF or WebP file"
 
 
 def _refused(problems: list[DataError], folder: str) -> DataError:

@@ -5,6 +5,7 @@ reference the on-demand ones must agree with, value for value."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import zipfile
 from pathlib import Path
 
@@ -205,11 +206,12 @@ def test_user_errors_are_one_line_naming_the_file(tmp_path, monkeypatch):
     with pytest.raises(DataError, match=rf"{paths[7].name}: is 12x12 pixels but the folder's images are 10x10"):
         load_dataset(tmp_path / "pictures", test_fraction=0.5)
     paths[3].write_bytes(b"")  # an empty file: hashed as one empty read, checked all the same
-    with pytest.raises(DataError, match=rf"{paths[3].name}: cannot be read as an image .* \(and 1 more file in "):
+    with pytest.raises(DataError, match=rf"{paths[3].name}: cannot be read as an image \(the file is empty, 0 bytes\); "
+                                        r".* \(and 1 more file in "):
         load_dataset(tmp_path / "pictures", test_fraction=0.5)
     paths[3].write_bytes(b"not an image")
-    with pytest.raises(DataError, match=rf"{paths[3].name}: cannot be read as an image .* \(and 1 more file in "
-                                        rf"{tmp_path / 'pictures'} refused as well\)"):
+    with pytest.raises(DataError, match=rf"{paths[3].name}: cannot be read as an image \(not a PNG, .*\); .* "
+                                        rf"\(and 1 more file in {tmp_path / 'pictures'} refused as well\)"):
         load_dataset(tmp_path / "pictures", test_fraction=0.5)
     # Hidden files and folders are not examples: macOS's '._name.png' companions (not images), a
     # checkpoint folder.
@@ -241,6 +243,113 @@ def test_user_errors_are_one_line_naming_the_file(tmp_path, monkeypatch):
     with pytest.raises(DataError, match="neither x.npy nor class sub-folders of images"):
         load_dataset(empty)
 
+
+
+def _png_header_only(path: Path, width: int, height: int) -> None:
+    """A PNG whose header says `width` x `height` (8-bit grey) followed by no pixels: it opens, and
+    decoding it would fail, so a check that names its size read the header alone."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(b"\x00" * 9)) + chunk(b"IEND", b""))
+
+
+def test_a_huge_image_is_refused_from_its_header_naming_its_size(tmp_path):
+    """Pillow raised DecompressionBombError (a traceback from `dpw run`) above 2 x 89 million pixels and
+    warned above 89 million. The file is named with its size instead, before anything is decoded."""
+    import warnings
+
+    from PIL import Image
+
+    x, y = _images(20, classes=2, size=8)
+    paths = _image_folder(tmp_path / "pictures", x, y)
+    _png_header_only(paths[4], 20000, 20000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        with pytest.raises(DataError, match=rf"{paths[4].name}: is 20000x20000 pixels, more than .*; "
+                                            "remove or resize it$"):
+            load_dataset(tmp_path / "pictures", test_fraction=0.5)
+        # Every file just past the warning's limit: the first one sets no size for the others to match.
+        for path in paths:
+            _png_header_only(path, 10000, 9000)
+        with pytest.raises(DataError, match=rf"{min(paths).name}: is 10000x9000 pixels, more than .* "
+                                            r"\(and 19 more files in "):
+            load_dataset(tmp_path / "pictures", test_fraction=0.5)
+    assert Image.MAX_IMAGE_PIXELS == 1024 * 1024 * 1024 // 4 // 3  # Pillow's own guard is left as it was
+
+
+def test_16_bit_images_are_scaled_to_the_unit_range_not_clipped(tmp_path):
+    """convert("L") clips 16-bit values to 255: dark and bright 16-bit images all became white and a
+    separable folder trained at chance. A value is value / 65535, whichever path reads the folder."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    y = np.arange(20) % 2
+    x = (rng.integers(0, 20000, (20, 1, 6, 6)) + 40000 * y[:, None, None, None]).astype(np.uint16)
+    paths = _image_folder(tmp_path / "deep", x, y)
+    order = np.concatenate([np.flatnonzero(y == k) for k in range(2)])
+    data = load_dataset(tmp_path / "deep", test_fraction=0.5)
+    source = data.x_train.source
+    assert np.array_equal(source.read(np.arange(20)), x[order].astype(np.float32) / 65535)
+    expected = (torch.from_numpy(x[order].astype(np.float32)) / 65535 - 0.5) / 0.5
+    assert torch.equal(data.x_train[torch.arange(10)], expected[data.x_train.rows])
+    again = load_dataset(tmp_path / "deep", test_fraction=0.5, checked_before={data.fingerprint})
+    assert torch.equal(again.x_train[torch.arange(10)], expected[data.x_train.rows])
+    # An 8-bit file among 16-bit ones is value / 255; a 16-bit file among 8-bit ones, the nearest of 256 levels.
+    Image.fromarray(np.full((6, 6), 51, np.uint8)).save(paths[3])
+    source = load_dataset(tmp_path / "deep", test_fraction=0.5).x_train.source
+    assert np.array_equal(source.read(np.array([source.files.index(paths[3])]))[0, 0], np.full((6, 6), np.float32(0.2)))
+    Image.fromarray(np.full((6, 6), 51, np.uint8)).save(paths[0])
+    Image.fromarray(np.full((6, 6), 65535 // 3, np.uint16)).save(paths[5])
+    source = load_dataset(tmp_path / "deep", test_fraction=0.5).x_train.source
+    assert source.read(np.array([source.files.index(paths[5])])).max() == 85
+    # Signed or 32-bit integers and floats have no fixed range to scale from: refused, naming the file.
+    for pixels, kind in ((np.zeros((6, 6), np.float32), "floating-point"), (np.zeros((6, 6), np.int32), "integer")):
+        Image.fromarray(pixels).save(paths[7].with_suffix(".tif"))
+        with pytest.raises(DataError, match=rf"{paths[7].stem}.tif: has .*{kind} pixels \(Pillow mode [FI]\), "
+                                            "which have no fixed range"):
+            load_dataset(tmp_path / "deep", test_fraction=0.5)
+
+
+def test_a_broken_link_in_a_class_folder_is_refused_naming_its_target(tmp_path):
+    """It was left out without a word: the run trained on fewer files than the folder shows."""
+    x, y = _images(20, classes=2, size=8)
+    paths = _image_folder(tmp_path / "pictures", x, y)
+    link = paths[0].parent / "link.png"
+    link.symlink_to(tmp_path / "gone.png")
+    with pytest.raises(DataError, match=rf"{link}: is a link to {tmp_path / 'gone.png'}, which does not exist; "
+                                        "remove it$"):
+        load_dataset(tmp_path / "pictures", test_fraction=0.5)
+    link.unlink()
+    link.symlink_to(paths[1])  # a link to an image is an example like any other
+    data = load_dataset(tmp_path / "pictures", test_fraction=0.5)
+    assert data.num_train + data.num_test == 21
+
+
+def test_an_unreadable_image_is_said_in_plain_words(tmp_path):
+    """Pillow's own message named a Python object ('cannot identify image file <_io.BytesIO object at
+    0x7f...>'); the line says what is wrong with the file instead."""
+    x, y = _images(20, classes=2, size=8)
+    paths = _image_folder(tmp_path / "pictures", x, y)
+    whole = paths[2].read_bytes()
+    pixels_start = whole.index(b"IDAT") + 8
+    for content, why in ((b"", "the file is empty, 0 bytes"),
+                         (b"hello", "not a PNG, JPEG, BMP, GIF, TIFF or WebP file"),
+                         (whole[:pixels_start - 12], "a PNG file cut short or damaged")):
+        paths[2].write_bytes(content)
+        with pytest.raises(DataError) as refused:
+            load_dataset(tmp_path / "pictures", test_fraction=0.5)
+        assert str(refused.value) == f"{paths[2]}: cannot be read as an image ({why}); remove or replace the file"
+    # Cut short after its header: the load's check reads headers only; the step that draws it says so.
+    paths[2].write_bytes(whole[:pixels_start + 4])
+    source = load_dataset(tmp_path / "pictures", test_fraction=0.5).x_train.source
+    with pytest.raises(DataError, match=rf"^{re.escape(str(paths[2]))}: cannot be read as an image \(a PNG file cut "
+                                        r"short or damaged\);"):
+        source.read(np.array([source.files.index(paths[2])]))
 
 @pytest.mark.parametrize("read_bytes", [1 << 23, 64, 7, 3])  # 3: fewer bytes than a pixel per read
 def test_float_pixels_are_checked_from_the_bytes_the_fingerprint_reads(tmp_path, monkeypatch, read_bytes):
