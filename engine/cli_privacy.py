@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from engine.cli_shell import UserError, echo_json
-from engine.config import RELEASE_PARAMETERS
+from engine.config import RELEASE_PARAMETERS, as_toml
 
 
 @click.group()
@@ -35,7 +35,7 @@ def check_number(name: str, value: float, low: float, high: float, *, open_low=T
     if bad:
         lo = "(" if open_low else "["
         hi = ")" if open_high else "]"
-        raise UserError(f"--{name}: {value:g} is out of range; allowed {lo}{low:g}, {high:g}{hi}")
+        raise UserError(f"--{name}: {as_toml(value)} is out of range; allowed {lo}{as_toml(low)}, {as_toml(high)}{hi}")
 
 
 @privacy.command("dpsgd")
@@ -321,6 +321,11 @@ def privacy_pate(votes_file: Path, mechanism: str, sigma: float | None, threshol
                         "data-independent epsilon is already publishable")
     if num_teachers is not None:
         check_number("num-teachers", num_teachers, 0, 1e9)
+    if release_seed is not None:
+        check_number("release-seed", release_seed, 0, 2**63 - 1, open_low=False)
+    if answered is not None and not np.isin(answered, (0, 1)).all():
+        raise UserError(f"--answered {answered_file}: expected a boolean array (or 0/1) saying which queries were "
+                        f"answered; found the value {answered[~np.isin(answered, (0, 1))][0]}")
     try:
         result = pate_analysis.pate_epsilon(votes=votes, mechanism=mechanism, delta=delta, answered=answered, **params)
         released = None

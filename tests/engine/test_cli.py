@@ -345,6 +345,24 @@ def test_privacy_pate_refuses_votes_no_run_could_give_in_one_line(tmp_path, vote
     assert result.exit_code != 0 and words in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("option, words", [
+    (["--release-seed", "-1"], "--release-seed: -1 is out of range; allowed [0, 9223372036854775807]"),
+    (["--answered", "ANSWERED"], "--answered ANSWERED: expected a boolean array (or 0/1) saying which queries were "
+                                 "answered; found the value 2"),
+])
+def test_privacy_pate_names_the_option_it_refuses(tmp_path, option, words):
+    """They said only "expected non-negative integer" and "answered must be a boolean mask"."""
+    import numpy as np
+
+    np.save(tmp_path / "votes.npy", np.array([[9, 1], [4, 6], [10, 0]]))
+    np.save(tmp_path / "answered.npy", np.array([1, 0, 2]))
+    option = [str(tmp_path / "answered.npy") if o == "ANSWERED" else o for o in option]
+    result = CliRunner().invoke(cli, ["privacy", "pate", "--votes", str(tmp_path / "votes.npy"), "--mechanism", "gnmax",
+                                      "--sigma", "4", "--delta", "1e-5", *option])
+    expected = words.replace("ANSWERED", str(tmp_path / "answered.npy"))
+    assert result.exit_code == 1 and result.output == f"error: {expected}\n"
+
+
 def test_a_command_that_reads_never_creates_a_store_at_a_mistyped_path(tmp_path):
     typo = tmp_path / "typo" / "runs.sqltie"
     for args in (["list"], ["ledger"], ["show", "1"]):
