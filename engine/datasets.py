@@ -675,6 +675,13 @@ def _manual_instructions(info: DatasetInfo, folder: Path) -> str:
 
 def _missing_files_error(info: DatasetInfo, folder: Path, missing: Sequence[str]) -> DataError:
     where = "the folder does not exist" if not folder.exists() else f"missing: {', '.join(missing)}"
+    given = folder.parent  # data_dir
+    if given.name == info.folder and any((given / name).exists() or (given / (name + ".gz")).exists()
+                                         for name in info.files):
+        return DataError(f"{info.name}: data_dir {given} is the {info.folder}/ folder itself; give the folder "
+                         f"that holds it: {given.parent}")
+    if given.is_file():
+        return DataError(f"{info.name}: data_dir {given} is a file; give the folder that holds {info.folder}/")
     return DataError(
         f"{info.name}: dataset files not found in {folder} ({where}); {_manual_instructions(info, folder)} "
         f"(or give data_dir, --data-dir or ${DATA_DIR_ENV} the folder that holds {info.folder}/), "

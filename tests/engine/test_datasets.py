@@ -156,6 +156,17 @@ def test_fashion_mnist_reads_its_own_folder_with_clothing_class_names(tmp_path: 
         load_dataset("mnist", data_dir=tmp_path)
 
 
+def test_a_data_dir_pointing_at_the_dataset_folder_itself_or_a_file_is_named(tmp_path: Path):
+    """It said "not found in .../mnist/mnist (the folder does not exist)" and gave the generic advice."""
+    write_idx_set(tmp_path / "mnist")
+    with pytest.raises(DataError, match=f"data_dir {tmp_path / 'mnist'} is the mnist/ folder itself; give the folder "
+                                        f"that holds it: {tmp_path}"):
+        load_dataset("mnist", data_dir=tmp_path / "mnist")
+    a_file = next((tmp_path / "mnist").iterdir())
+    with pytest.raises(DataError, match=f"data_dir {a_file} is a file; give the folder that holds mnist/"):
+        load_dataset("mnist", data_dir=a_file)
+
+
 def test_training_and_test_files_swapped_as_pairs_are_refused(tmp_path: Path):
     """Each pair matches (images and labels), so only the sizes tell: a model trained on the 10,000 test
     images and evaluated on the 60,000 training ones would be reported as if all were well."""
