@@ -66,6 +66,15 @@ def dpsgd_epsilon(
     return rdp_to_epsilon(orders=DEFAULT_ORDERS, rdp=rdp + _statistics_rdp(statistics_noise_multiplier), delta=delta)
 
 
+def _composed(steps: int, per_step: np.ndarray) -> np.ndarray:
+    """RDP of `steps` steps from one step's [Mironov 2017, Prop. 1]: 0 for no steps (also where one
+    step's RDP is inf, as for noise too small to bound anything), inf where the product passes float range."""
+    if steps == 0:
+        return np.zeros_like(per_step)
+    with np.errstate(over="ignore"):
+        return steps * per_step
+
+
 def _statistics_rdp(statistics_noise_multiplier: float | None) -> np.ndarray:
     """RDP at DEFAULT_ORDERS of the feature statistics' release (0 when there is none)."""
     if statistics_noise_multiplier is None:
@@ -90,7 +99,8 @@ def epsilon_curve(*, sample_rate: float, noise_multiplier: float, steps: int, de
     out = np.empty(t)
     for start in range(0, t, _CURVE_CHUNK):
         ts = np.arange(start + 1, min(start + _CURVE_CHUNK, t) + 1, dtype=float)
-        eps = (ts[:, None] * per_step[None, :] + offset[None, :]).min(axis=1)
+        with np.errstate(over="ignore"):  # t * RDP past float range is inf, an upper bound
+            eps = (ts[:, None] * per_step[None, :] + offset[None, :]).min(axis=1)
         with np.errstate(over="ignore", invalid="ignore"):
             zero = d * d + np.expm1(-ts * smallest) >= 0.0
         out[start : start + ts.size] = np.where(zero, 0.0, np.maximum(eps, 0.0))
@@ -143,7 +153,8 @@ class LiveAccountant:
 
     def epsilon(self) -> Epsilon:
         """RDP upper bound after the steps so far (equal to dpsgd_epsilon(accountant="rdp"))."""
-        eps = _epsilon_per_order(DEFAULT_ORDERS, self._steps * self._per_step + self._fixed, self._delta, self._offset)
+        rdp = _composed(self._steps, self._per_step) + self._fixed
+        eps = _epsilon_per_order(DEFAULT_ORDERS, rdp, self._delta, self._offset)
         best = int(np.argmin(eps))
         value = float(eps[best])
         if math.isinf(value):
@@ -199,7 +210,7 @@ def max_steps_within_budget(
     fixed = _statistics_rdp(statistics_noise_multiplier)
 
     def rdp_eps(t: int) -> float:
-        return max(float(_epsilon_per_order(DEFAULT_ORDERS, t * per_step + fixed, d).min()), 0.0)
+        return max(float(_epsilon_per_order(DEFAULT_ORDERS, _composed(t, per_step) + fixed, d).min()), 0.0)
 
     if rdp_eps(0) > eps_budget:
         return 0

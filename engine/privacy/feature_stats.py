@@ -17,6 +17,8 @@ import math
 
 import numpy as np
 
+from engine.privacy.rdp import _SIGMA_FLOOR
+
 __all__ = ["MIN_STD", "gaussian_rdp", "noisy_moments"]
 
 MIN_STD = 1e-3
@@ -25,10 +27,15 @@ MIN_STD = 1e-3
 
 def gaussian_rdp(*, noise_multiplier: float, orders) -> np.ndarray:
     """RDP of one release of the Gaussian mechanism with L2 sensitivity 1 and noise std
-    `noise_multiplier`: alpha / (2 noise_multiplier^2) at each order [Mir17, Prop. 7]."""
+    `noise_multiplier`: alpha / (2 noise_multiplier^2) at each order [Mir17, Prop. 7]; inf where that
+    passes float range, and for a noise multiplier below ~1.5e-154 (whose square is no normal float)."""
     if not (isinstance(noise_multiplier, (int, float)) and math.isfinite(noise_multiplier) and noise_multiplier > 0):
         raise ValueError(f"noise_multiplier must be a finite number > 0; got {noise_multiplier!r}")
-    return np.asarray(orders, dtype=float) / (2.0 * float(noise_multiplier) ** 2)
+    alphas = np.asarray(orders, dtype=float)
+    if noise_multiplier < _SIGMA_FLOOR:
+        return np.full_like(alphas, np.inf)
+    with np.errstate(over="ignore"):
+        return alphas / (2.0 * float(noise_multiplier) ** 2)
 
 
 def noisy_moments(*, z_sum: np.ndarray, z_sq_sum: np.ndarray, count: int, noise_multiplier: float,

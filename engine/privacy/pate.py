@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-from engine.privacy.rdp import rdp_to_epsilon
+from engine.privacy.rdp import _SIGMA_FLOOR, rdp_to_epsilon
 from engine.privacy.types import Epsilon
 
 __all__ = [
@@ -234,7 +234,29 @@ def _log1mexp(x: np.ndarray) -> np.ndarray:
 
 def _log_normal_sf(x: np.ndarray, scale: float) -> np.ndarray:
     """log Pr[N(0, scale^2) >= x]."""
-    return special.log_ndtr(-np.asarray(x, dtype=float) / scale)
+    with np.errstate(over="ignore"):  # x / scale past float range: log_ndtr(+-inf) is 0 or -inf
+        return special.log_ndtr(-np.asarray(x, dtype=float) / scale)
+
+
+# The log of a positive probability too small for a float (for noise so small that q underflows) is
+# below this: using it in place of -inf keeps log q an upper bound on log q. A q of exactly 0 would
+# make the data-dependent bounds cost nothing, which such noise does not earn.
+_LOG_FLOOR = -float(np.finfo(float).max)
+
+
+def _over_sigma_squared(x: np.ndarray, sigma: float) -> np.ndarray:
+    """x / sigma^2 (x >= 0), inf where that passes float range, and for sigma < ~1.5e-154, whose
+    square is no normal float (it loses precision, then underflows to 0)."""
+    x = np.asarray(x, dtype=float)
+    if sigma < _SIGMA_FLOOR:
+        return np.where(x > 0.0, np.inf, 0.0)
+    with np.errstate(over="ignore"):
+        return x / sigma**2
+
+
+def _half_square(x: float) -> float:
+    """x^2 / 2 for x >= 0, inf where x^2 passes float range (where Python's ** raises)."""
+    return 0.5 * x**2 if x < 1e154 else math.inf
 
 
 # ------------------------------------------------------------------------------------------------
@@ -253,7 +275,7 @@ def gnmax_log_q(*, votes, sigma: float) -> np.ndarray:
     s = _number("sigma", sigma)
     top = np.argmax(v, axis=1)
     gaps = v[np.arange(v.shape[0]), top][:, None] - v
-    log_terms = _log_normal_sf(gaps, math.sqrt(2.0) * s)
+    log_terms = np.maximum(_log_normal_sf(gaps, math.sqrt(2.0) * s), _LOG_FLOOR)  # no false q = 0 (tiny sigma)
     log_terms[np.arange(v.shape[0]), top] = -np.inf
     log_q = special.logsumexp(log_terms, axis=1)
     return np.minimum(log_q, math.log1p(-1.0 / v.shape[1]))
@@ -266,7 +288,7 @@ def gnmax_rdp_data_independent(*, sigma: float, orders=PATE_ORDERS) -> np.ndarra
     alpha * 2 / (2 sigma^2); the arg max is post-processing.)
     """
     s = _number("sigma", sigma)
-    return _orders(orders) / s**2
+    return _over_sigma_squared(_orders(orders), s)
 
 
 def _gnmax_dd_unchecked(log_q: np.ndarray, sigma: float, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -310,40 +332,53 @@ def gnmax_log_q0(*, sigma: float, orders=PATE_ORDERS) -> np.ndarray:
     root of bound(q) = alpha / sigma^2, searched below the natural upper bound
     log q <= min(-(1 + 1/sigma)^2, -((alpha - 0.99) / sigma)^2, -1/sigma^2), where the conditions of
     Theorem 6 hold (mu2 > 1, mu1 > alpha); when the bound already wins there, q0 is that upper
-    bound. Vectorised bisection over orders, to a relative precision of about 1e-13.
+    bound. Vectorised bisection over orders, to a relative precision of about 1e-13. Where alpha / sigma^2
+    or that upper bound passes float range (tiny sigma, huge orders) q0 is 0 (log q0 = -inf): the
+    data-independent bound is used for every q, an upper bound on the cost.
     """
     s = _number("sigma", sigma)
-    alphas = _orders(orders)
-    ind = alphas / s**2
+    all_alphas = _orders(orders)
+    out = np.full(all_alphas.shape, -np.inf)
+    if s < _SIGMA_FLOOR:
+        return out
+    with np.errstate(over="ignore"):
+        all_ind = _over_sigma_squared(all_alphas, s)
+        all_upper = np.minimum(np.minimum(-((1.0 + 1.0 / s) ** 2), -(((all_alphas - 0.99) / s) ** 2)), -1.0 / s**2)
+    searched = np.isfinite(all_ind) & np.isfinite(all_upper)
+    if not searched.any():
+        return out
+    alphas, ind, upper = all_alphas[searched], all_ind[searched], all_upper[searched]
 
     def gap(log_q):  # > 0: data-independent is better (or the bound is invalid)
         bound, _ = _gnmax_dd_unchecked(log_q, s, alphas)
         return bound - ind
 
-    upper = np.minimum(np.minimum(-((1.0 + 1.0 / s) ** 2), -(((alphas - 0.99) / s) ** 2)), -1.0 / s**2)
-    done = gap(upper) < 0
-    lower = 2.0 * upper
-    for _ in range(200):
-        g = gap(lower)
-        expand = ~done & (g > 0)
-        if not expand.any():
-            break
-        lower = np.where(expand, lower * 1.5, lower)
-    lo, hi = lower.copy(), upper.copy()  # gap(lo) <= 0 < gap(hi)
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        below = gap(mid) <= 0
-        lo = np.where(below, mid, lo)
-        hi = np.where(below, hi, mid)
-        if np.all(hi - lo <= 1e-13 * np.abs(hi)):
-            break
-    return np.where(done, upper, lo)
+    # For sigma near 1e-154 the search may run past float range: lower -> -inf gives q0 = 0 there.
+    with np.errstate(over="ignore", invalid="ignore"):
+        done = gap(upper) < 0
+        lower = 2.0 * upper
+        for _ in range(200):
+            g = gap(lower)
+            expand = ~done & (g > 0)
+            if not expand.any():
+                break
+            lower = np.where(expand, lower * 1.5, lower)
+        lo, hi = lower.copy(), upper.copy()  # gap(lo) <= 0 < gap(hi)
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            below = gap(mid) <= 0
+            lo = np.where(below, mid, lo)
+            hi = np.where(below, hi, mid)
+            if np.all(hi - lo <= 1e-13 * np.abs(hi)):
+                break
+    out[searched] = np.where(done, upper, lo)
+    return out
 
 
 def _gnmax_rdp_from_log_q(log_q: np.ndarray, sigma: float, alphas: np.ndarray, log_q0: np.ndarray) -> np.ndarray:
     """Per-query cost (queries, orders): Theorem 6 where q < q0 (and valid), else alpha / sigma^2."""
     lq = np.asarray(log_q, dtype=float)[:, None]
-    ind = (alphas / sigma**2)[None, :]
+    ind = _over_sigma_squared(alphas, sigma)[None, :]
     bound, valid = _gnmax_dd_unchecked(lq, sigma, alphas[None, :])
     use = valid & (lq < log_q0[None, :])
     out = np.where(use, np.minimum(bound, ind), ind)
@@ -388,13 +423,26 @@ def threshold_rdp_data_independent(*, sigma1: float, orders=PATE_ORDERS) -> np.n
     """RDP of one threshold check: alpha / (2 sigma1^2) (a Gaussian mechanism on the maximum count,
     which moves by at most 1 between neighbours) [PSMRTE18, Sec. 4.2]."""
     s1 = _number("sigma1", sigma1)
-    return _orders(orders) / (2.0 * s1**2)
+    return _over_sigma_squared(_orders(orders) / 2.0, s1)
 
 
-def _threshold_rdp_from_log_p(log_p: np.ndarray, sigma1: float, alphas: np.ndarray, log_q0: np.ndarray) -> np.ndarray:
+def _threshold_log_pr_rejected(margin: np.ndarray, sigma1: float) -> np.ndarray:
+    """log Pr[check fails] = log Pr[N(0, sigma1^2) < T - max count], given margin = T - max count."""
+    with np.errstate(over="ignore"):
+        return special.log_ndtr(np.asarray(margin, dtype=float) / sigma1)
+
+
+def _threshold_rdp_from_log_p(log_p: np.ndarray, log_r: np.ndarray, sigma1: float, alphas: np.ndarray,
+                              log_q0: np.ndarray) -> np.ndarray:
+    """Per-query cost of the check from log Pr[answered] (log_p) and log Pr[rejected] (log_r)."""
     # The check has two outcomes; q is the probability of the less likely one. It is a Gaussian
     # mechanism of sensitivity 1, i.e. GNMax-like with sigma' = sqrt(2) sigma1 (same RDP curve).
-    log_q = np.minimum(log_p, _log1mexp(np.minimum(log_p, 0.0)))
+    # 1 - Pr[answered] loses the rejection probability once it is below ~1e-308 (log_p rounds to 0,
+    # which would make a near-certain answer cost nothing at every order): there log_r is used.
+    log_p = np.asarray(log_p, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_1mp = np.where(log_p < -np.finfo(float).tiny, _log1mexp(np.minimum(log_p, 0.0)), log_r)
+        log_q = np.maximum(np.minimum(log_p, log_1mp), _LOG_FLOOR)  # both are > 0 for sigma1 > 0
     return _gnmax_rdp_from_log_q(log_q, math.sqrt(2.0) * sigma1, alphas, log_q0)
 
 
@@ -407,7 +455,8 @@ def threshold_rdp_data_dependent(*, votes, threshold: float, sigma1: float, orde
     s1 = _number("sigma1", sigma1)
     alphas = _orders(orders)
     log_p = threshold_log_pr_answered(votes=votes, threshold=threshold, sigma1=s1)
-    return _threshold_rdp_from_log_p(log_p, s1, alphas, gnmax_log_q0(sigma=math.sqrt(2.0) * s1, orders=alphas))
+    log_r = _threshold_log_pr_rejected(threshold - np.round(_votes(votes).max(axis=1)), s1)
+    return _threshold_rdp_from_log_p(log_p, log_r, s1, alphas, gnmax_log_q0(sigma=math.sqrt(2.0) * s1, orders=alphas))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -424,8 +473,10 @@ def lnmax_log_q(*, votes, laplace_scale: float) -> np.ndarray:
     v = _votes(votes)
     b = _number("laplace_scale", laplace_scale)
     top = np.argmax(v, axis=1)
-    d = (v[np.arange(v.shape[0]), top][:, None] - v) / b
-    log_terms = np.log(2.0 + d) - math.log(4.0) - d
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = (v[np.arange(v.shape[0]), top][:, None] - v) / b
+        log_terms = np.log(2.0 + d) - math.log(4.0) - d
+    log_terms = np.where(np.isinf(d), _LOG_FLOOR, log_terms)  # gap / b past float range: q is below any float
     log_terms[np.arange(v.shape[0]), top] = -np.inf
     return np.minimum(special.logsumexp(log_terms, axis=1), math.log1p(-1.0 / v.shape[1]))
 
@@ -438,16 +489,17 @@ def lnmax_rdp_data_independent(*, laplace_scale: float, orders=PATE_ORDERS) -> n
     (alpha, alpha eps^2 / 2)-RDP [BS16, Prop. 3] and (alpha, eps)-RDP.
     """
     b = _number("laplace_scale", laplace_scale)
-    eps = 2.0 / b
+    eps = 2.0 / b  # inf for b below ~1e-308
     alphas = _orders(orders)
-    return np.minimum(0.5 * eps**2 * alphas, eps)
+    with np.errstate(over="ignore"):
+        return np.minimum(_half_square(eps) * alphas, eps)
 
 
 def _lnmax_rdp_from_log_q(log_q: np.ndarray, eps: float, alphas: np.ndarray) -> np.ndarray:
     lq = np.asarray(log_q, dtype=float)[:, None]
     a = alphas[None, :]
-    ind = np.minimum(0.5 * eps**2 * a, eps)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ind = np.minimum(_half_square(eps) * a, eps)
         # [PAEGT17, Theorem 3] needs q < (e^eps - 1) / (e^(2 eps) - 1) = 1 / (e^eps + 1).
         applies = lq < -math.log1p(math.exp(eps)) if eps < 700 else lq < -eps
         log_1mq = _log1mexp(np.minimum(lq, 0.0))
@@ -492,12 +544,14 @@ def lnmax_moments_epsilon(
         raise ValueError(f"moments must be a whole number >= 1; got {moments!r}")
     ls = np.arange(1, int(moments) + 1, dtype=float)
     if votes is not None:
-        rdp = lnmax_rdp_data_dependent(votes=votes, laplace_scale=b, orders=ls + 1.0).sum(axis=0)
+        with np.errstate(over="ignore"):
+            rdp = lnmax_rdp_data_dependent(votes=votes, laplace_scale=b, orders=ls + 1.0).sum(axis=0)
         dependent = True
     else:
         if isinstance(num_queries, bool) or not isinstance(num_queries, numbers.Integral) or num_queries < 0:
             raise ValueError(f"give votes, or num_queries as a whole number >= 0; got {num_queries!r}")
-        rdp = int(num_queries) * lnmax_rdp_data_independent(laplace_scale=b, orders=ls + 1.0)
+        with np.errstate(over="ignore"):
+            rdp = int(num_queries) * lnmax_rdp_data_independent(laplace_scale=b, orders=ls + 1.0)
         dependent = False
     log_moments = rdp * ls
     eps = (log_moments + math.log(1.0 / d)) / ls
@@ -540,33 +594,47 @@ def query_costs(
     always, per_answer = _data_independent_parts(mechanism, sigma=sigma, sigma1=sigma1, sigma2=sigma2,
                                                  laplace_scale=laplace_scale, alphas=alphas)
 
+    realised = answered is not None
+
     def _di(weight: np.ndarray) -> np.ndarray:
-        return always[None, :] + weight[:, None] * per_answer[None, :]
+        with np.errstate(over="ignore"):
+            return always[None, :] + _charge(weight, per_answer[None, :], realised)
 
     if mechanism == "gnmax":
         s = _require("sigma", sigma)
         log_q = gnmax_log_q(votes=v, sigma=s)
         dd = _gnmax_rdp_from_log_q(log_q, s, alphas, gnmax_log_q0(sigma=s, orders=alphas))
         weight = ones if answered is None else _mask(answered, n).astype(float)
-        return QueryCosts(mechanism, alphas, dd * weight[:, None], _di(weight), weight, ones, log_q)
+        return QueryCosts(mechanism, alphas, _charge(weight, dd, realised), _di(weight), weight, ones, log_q)
     if mechanism == "lnmax":
         b = _require("laplace_scale", laplace_scale)
         log_q = lnmax_log_q(votes=v, laplace_scale=b)
         dd = _lnmax_rdp_from_log_q(log_q, 2.0 / b, alphas)
         weight = ones if answered is None else _mask(answered, n).astype(float)
-        return QueryCosts(mechanism, alphas, dd * weight[:, None], _di(weight), weight, ones, log_q)
+        return QueryCosts(mechanism, alphas, _charge(weight, dd, realised), _di(weight), weight, ones, log_q)
     if mechanism == "confident":
         t = _number("threshold", _require("threshold", threshold), low=0.0, inclusive=True)
         s1, s2 = _require("sigma1", sigma1), _require("sigma2", sigma2)
         log_p = threshold_log_pr_answered(votes=v, threshold=t, sigma1=s1)
-        thr_dd = _threshold_rdp_from_log_p(log_p, s1, alphas, gnmax_log_q0(sigma=math.sqrt(2.0) * s1, orders=alphas))
+        log_r = _threshold_log_pr_rejected(t - np.round(v.max(axis=1)), s1)
+        thr_dd = _threshold_rdp_from_log_p(log_p, log_r, s1, alphas,
+                                           gnmax_log_q0(sigma=math.sqrt(2.0) * s1, orders=alphas))
         log_q = gnmax_log_q(votes=v, sigma=s2)
         gn_dd = _gnmax_rdp_from_log_q(log_q, s2, alphas, gnmax_log_q0(sigma=s2, orders=alphas))
         pr = np.exp(log_p)
         weight = pr if answered is None else _mask(answered, n).astype(float)
-        dd = thr_dd + weight[:, None] * gn_dd
+        with np.errstate(over="ignore"):
+            dd = thr_dd + _charge(weight, gn_dd, realised)
         return QueryCosts(mechanism, alphas, dd, _di(ones), weight, pr, log_q)
     raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}; got {mechanism!r}")
+
+
+def _charge(weight: np.ndarray, cost: np.ndarray, realised: bool) -> np.ndarray:
+    """weight[:, None] * cost per query. A weight of 0 on an infinite cost (noise too small to bound it):
+    0 for a realised answer (the query was not answered), inf for a probability (one that underflowed)."""
+    with np.errstate(invalid="ignore"):
+        out = weight[:, None] * cost
+    return np.where(np.isnan(out), 0.0 if realised else np.inf, out)
 
 
 def _data_independent_parts(mechanism: str, *, sigma, sigma1, sigma2, laplace_scale,
@@ -607,7 +675,8 @@ def epsilon_after_each(*, rdp_per_query, orders=PATE_ORDERS, delta: float) -> np
     costs = np.asarray(rdp_per_query, dtype=float)
     if costs.ndim != 2 or costs.shape[1] != alphas.size:
         raise ValueError(f"rdp_per_query must have shape (queries, {alphas.size}); got {costs.shape}")
-    cum = np.cumsum(costs, axis=0)
+    with np.errstate(over="ignore"):  # inf past float range (tiny noise): an upper bound
+        cum = np.cumsum(costs, axis=0)
     return _epsilon_rows(cum, alphas, d)[0]
 
 
@@ -627,8 +696,12 @@ def queries_within_budget(*, rdp_per_query, rdp_worst_case, orders=PATE_ORDERS, 
     worst = np.asarray(rdp_worst_case, dtype=float)
     if real.shape != worst.shape or real.ndim != 2 or real.shape[1] != alphas.size:
         raise ValueError(f"rdp_per_query and rdp_worst_case must both have shape (queries, {alphas.size})")
-    before = np.cumsum(real, axis=0) - real
-    eps, _ = _epsilon_rows(before + worst, alphas, d)
+    with np.errstate(over="ignore", invalid="ignore"):
+        before = np.cumsum(real, axis=0) - real
+        # inf - inf where a query cost inf (tiny noise): the sum of the queries before it, directly
+        shifted = np.concatenate([np.zeros((1, real.shape[1])), np.cumsum(real, axis=0)[:-1]])
+        before = np.where(np.isnan(before), shifted, before)
+        eps, _ = _epsilon_rows(before + worst, alphas, d)
     over = np.flatnonzero(eps > b)
     return int(over[0]) if over.size else int(real.shape[0])
 
@@ -673,8 +746,9 @@ def pate_epsilon(
     d = _delta(delta)
     costs = query_costs(votes=votes, mechanism=mechanism, sigma=sigma, threshold=threshold, sigma1=sigma1,
                         sigma2=sigma2, laplace_scale=laplace_scale, answered=answered, orders=orders)
-    rdp = costs.data_dependent.sum(axis=0)
-    rdp_ind = costs.data_independent.sum(axis=0)
+    with np.errstate(over="ignore"):  # inf past float range (tiny noise): an upper bound
+        rdp = costs.data_dependent.sum(axis=0)
+        rdp_ind = costs.data_independent.sum(axis=0)
     dep = _to_epsilon(costs.orders, rdp, d)
     ind = _to_epsilon(costs.orders, rdp_ind, d)
     return PateEpsilon(
@@ -707,7 +781,8 @@ def data_independent_rdp(*, mechanism: str, num_queries: int, sigma: float | Non
     alphas = _orders(orders)
     always, per_answer = _data_independent_parts(mechanism, sigma=sigma, sigma1=sigma1, sigma2=sigma2,
                                                  laplace_scale=laplace_scale, alphas=alphas)
-    return int(num_queries) * (always + per_answer)
+    with np.errstate(over="ignore"):  # inf past float range (tiny noise): an upper bound
+        return int(num_queries) * (always + per_answer)
 
 
 def epsilon_if_all_answered(*, mechanism: str, num_queries: int, delta: float, sigma: float | None = None,

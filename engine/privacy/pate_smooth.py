@@ -93,12 +93,17 @@ def gnmax_log_q_bounds(*, log_q, sigma: float, num_classes: int) -> tuple[np.nda
     """(log BL(q), log BU(q)): the range of q~ over neighbouring histograms [PSMRTE18, Prop. 13].
 
     BL(q) = (m-1)/2 erfc(1/sigma + erfcinv(2q/(m-1))), BU(q) = min(1, (m-1)/2 erfc(-1/sigma +
-    erfcinv(2q/(m-1)))), with log erfc(z) = log 2 + log Phi(-sqrt(2) z) for stability.
+    erfcinv(2q/(m-1)))), with log erfc(z) = log 2 + log Phi(-sqrt(2) z) for stability. Where 2q/(m-1)
+    is below the normal floats (small sigma), erfcinv is taken in log space: erfc(z) = y <=>
+    z = -Phi^-1(y/2)/sqrt(2), Phi^-1(e^x) by ndtri_exp (a q that underflowed to 0 would give BL = BU
+    = 0, a neighbourhood where the cost cannot move, and a smooth sensitivity of 0).
     """
     lq = np.asarray(log_q, dtype=float)
     m1 = num_classes - 1
     with np.errstate(divide="ignore", invalid="ignore", under="ignore"):
-        z = special.erfcinv(np.clip(2.0 * np.exp(lq) / m1, 0.0, 2.0))
+        y = 2.0 * np.exp(lq) / m1
+        z = np.where(y >= np.finfo(float).tiny, special.erfcinv(np.clip(y, 0.0, 2.0)),
+                     -special.ndtri_exp(np.minimum(lq - math.log(m1), 0.0)) / math.sqrt(2.0))
         log_scale = math.log(m1 / 2.0) + math.log(2.0)
         log_bl = log_scale + special.log_ndtr(-math.sqrt(2.0) * (1.0 / sigma + z))
         log_bu = np.minimum(log_scale + special.log_ndtr(-math.sqrt(2.0) * (-1.0 / sigma + z)), 0.0)
@@ -132,7 +137,9 @@ def _ls_of_log_q(lq, sigma, num_classes, order, log_q0, log_q1):
     # reaching q0 (within 1e-9 relative) reaches the data-independent value.
     log_bu = np.where(log_bu >= log_q0 - 1e-9 * abs(log_q0), 0.0, log_bu)  # log q = 0: cost alpha / sigma^2
     b = _cost(lq, sigma, order, log_q0)
-    return np.maximum(_cost(log_bu, sigma, order, log_q0) - b, b - _cost(log_bl, sigma, order, log_q0))
+    with np.errstate(invalid="ignore"):
+        ls = np.maximum(_cost(log_bu, sigma, order, log_q0) - b, b - _cost(log_bl, sigma, order, log_q0))
+    return np.where(np.isnan(ls), np.inf, ls)  # inf - inf (costs past float range, tiny sigma): unbounded
 
 
 def gnmax_local_sensitivity_by_distance(*, votes, num_teachers: int, sigma: float, order: float) -> np.ndarray:
@@ -201,15 +208,19 @@ def threshold_local_sensitivity_by_distance(
 
 def _threshold_costs(n: int, threshold: float, sigma1: float, order: float) -> np.ndarray:
     """c(v) for v = 0..n: the threshold check's cost at `order` when the maximum count is v."""
-    log_p = pate._log_normal_sf(threshold - np.arange(n + 1, dtype=float), sigma1)
+    margin = threshold - np.arange(n + 1, dtype=float)
+    log_p = pate._log_normal_sf(margin, sigma1)
+    log_r = pate._threshold_log_pr_rejected(margin, sigma1)
     s = math.sqrt(2.0) * sigma1
     log_q0 = pate.gnmax_log_q0(sigma=s, orders=[order])
-    return pate._threshold_rdp_from_log_p(log_p, sigma1, np.array([order]), log_q0)[:, 0]
+    return pate._threshold_rdp_from_log_p(log_p, log_r, sigma1, np.array([order]), log_q0)[:, 0]
 
 
 def _threshold_ls_per_max(n: int, threshold: float, sigma1: float, order: float) -> np.ndarray:
     c = _threshold_costs(n, threshold, sigma1, order)
-    step = np.abs(np.diff(c))  # step[v] = |c(v+1) - c(v)|
+    with np.errstate(invalid="ignore"):
+        step = np.abs(np.diff(c))  # step[v] = |c(v+1) - c(v)|
+    step = np.where(np.isnan(step), np.inf, step)  # inf - inf (costs past float range, tiny sigma1): unbounded
     ls = np.zeros(n + 1)
     ls[:-1] = step
     ls[1:] = np.maximum(ls[1:], step)
@@ -232,9 +243,12 @@ def _num_teachers(value, votes: np.ndarray) -> int:
 
 def smooth_sensitivity(*, local_sensitivity, beta: float) -> float:
     """beta-smooth sensitivity max_d e^(-beta d) A(d), A(d) the largest local sensitivity within
-    distance d (last axis) [NRS07, Def. 2.1 and Prop. 3.1]."""
+    distance d (last axis) [NRS07, Def. 2.1 and Prop. 3.1]. An unbounded (inf) local sensitivity
+    gives inf, also where e^(-beta d) underflows."""
     b = pate._number("beta", beta, low=0.0, inclusive=True)
     a = np.asarray(local_sensitivity, dtype=float)
+    if not np.all(np.isfinite(a)):  # inf, or NaN from inf - inf / 0 * inf: the cost moves without bound
+        return math.inf
     return float(np.max(a * np.exp(-b * np.arange(a.shape[-1]))))
 
 
@@ -266,6 +280,8 @@ def check_conditions(*, sigma: float, num_classes: int, order: float, points: in
     s = pate._number("sigma", sigma)
     alpha = pate._orders(order)[0]
     log_q0, log_q1 = _plateau_bounds(s, num_classes, alpha)
+    if log_q0 == -math.inf:  # q0 = 0 (sigma below ~1e-154, or alpha / sigma^2 past float range): the cost
+        return True, True    # is alpha / sigma^2 for every q, so C5 and C6 hold trivially
     tol = 1e-9
 
     def non_decreasing(values: np.ndarray) -> bool:
@@ -273,8 +289,8 @@ def check_conditions(*, sigma: float, num_classes: int, order: float, points: in
 
     grid5 = np.linspace(log_q0 - 69.0, log_q0, points, endpoint=False)
     c5 = non_decreasing(_cost(grid5, s, alpha, log_q0))
-    if log_q1 == -math.inf:  # BL(q0) underflows to 0 (sigma 0.001 and below): C6's interval (0, BL(q0))
-        return c5, c5        # holds no float, so there is nothing to check (a NaN grid before)
+    if log_q1 == -math.inf:  # BL(q0) below e^-1.8e308 (tiny sigma): C6's interval (0, BL(q0)) holds no
+        return c5, c5        # float, so there is nothing to check (a NaN grid before)
     grid6 = np.linspace(log_q1 - 69.0, log_q1, points, endpoint=False)
     _, log_bu = gnmax_log_q_bounds(log_q=grid6, sigma=s, num_classes=num_classes)
     c6 = c5 and non_decreasing(_cost(log_bu, s, alpha, log_q0) - _cost(grid6, s, alpha, log_q0))
@@ -294,24 +310,27 @@ def _total_local_sensitivity(costs: pate.QueryCosts, votes: np.ndarray, *, num_t
     of the per-distance arrays), weighted like the cost (answered / Pr[answered]). At d = n every
     histogram is reachable, so the last entry is the largest value any query can reach.
     """
-    n = num_teachers
-    total = np.zeros(n + 1)
-    if costs.mechanism == "confident":
-        ls1 = threshold_local_sensitivity_by_distance(votes=votes, num_teachers=n, threshold=threshold,
-                                                      sigma1=sigma1, order=order)
-        total[:n] += np.maximum.accumulate(ls1, axis=1).sum(axis=0)
-        total[n] += votes.shape[0] * float(_threshold_ls_per_max(n, threshold, sigma1, order).max())
-        gn_sigma = sigma2
-    else:
-        gn_sigma = sigma
-    ls2 = gnmax_local_sensitivity_by_distance(votes=votes, num_teachers=n, sigma=gn_sigma, order=order)
-    w = costs.weight
-    total[:n] += (w[:, None] * np.maximum.accumulate(ls2, axis=1)).sum(axis=0)
-    m = votes.shape[1]
-    log_q0, log_q1 = _plateau_bounds(gn_sigma, m, order)
-    plateau = float(_ls_of_log_q(np.array([log_q1]), gn_sigma, m, order, log_q0, log_q1)[0])
-    total[n] += float(w.sum()) * max(plateau, float(ls2.max(initial=0.0)))
-    return np.maximum.accumulate(total)
+    # Costs past float range (tiny noise) give inf - inf and 0 * inf here: NaN, which smooth_sensitivity
+    # takes as unbounded.
+    with np.errstate(over="ignore", invalid="ignore"):
+        n = num_teachers
+        total = np.zeros(n + 1)
+        if costs.mechanism == "confident":
+            ls1 = threshold_local_sensitivity_by_distance(votes=votes, num_teachers=n, threshold=threshold,
+                                                          sigma1=sigma1, order=order)
+            total[:n] += np.maximum.accumulate(ls1, axis=1).sum(axis=0)
+            total[n] += votes.shape[0] * float(_threshold_ls_per_max(n, threshold, sigma1, order).max())
+            gn_sigma = sigma2
+        else:
+            gn_sigma = sigma
+        ls2 = gnmax_local_sensitivity_by_distance(votes=votes, num_teachers=n, sigma=gn_sigma, order=order)
+        w = costs.weight
+        total[:n] += (w[:, None] * np.maximum.accumulate(ls2, axis=1)).sum(axis=0)
+        m = votes.shape[1]
+        log_q0, log_q1 = _plateau_bounds(gn_sigma, m, order)
+        plateau = float(_ls_of_log_q(np.array([log_q1]), gn_sigma, m, order, log_q0, log_q1)[0])
+        total[n] += float(w.sum()) * max(plateau, float(ls2.max(initial=0.0)))
+        return np.maximum.accumulate(total)
 
 
 def release_epsilon(
@@ -356,13 +375,15 @@ def release_epsilon(
     from_data = order is None or beta is None or sigma_ss is None
     gn_sigma = sigma2 if mechanism == "confident" else sigma
     if order is None:
-        alpha = best_order_meeting_conditions(costs.data_dependent.sum(axis=0), costs.orders, d,
-                                              sigma=gn_sigma, num_classes=v.shape[1])
+        with np.errstate(over="ignore"):  # a sum past float range is inf (tiny noise): an upper bound
+            run_cost = costs.data_dependent.sum(axis=0)
+        alpha = best_order_meeting_conditions(run_cost, costs.orders, d, sigma=gn_sigma, num_classes=v.shape[1])
     else:
         alpha = float(pate._orders(order)[0])
     at = pate.query_costs(votes=v, mechanism=mechanism, sigma=sigma, threshold=threshold, sigma1=sigma1,
                           sigma2=sigma2, answered=answered, orders=[alpha])
-    rdp_dd = float(at.data_dependent.sum())
+    with np.errstate(over="ignore"):
+        rdp_dd = float(at.data_dependent.sum())
     total_ls = _total_local_sensitivity(at, v, num_teachers=n, order=alpha, sigma=sigma, threshold=threshold,
                                         sigma1=sigma1, sigma2=sigma2)
     conditions = check_conditions(sigma=gn_sigma, num_classes=v.shape[1], order=alpha)
@@ -424,6 +445,8 @@ def _choose_beta_sigma(total_ls: np.ndarray, order: float, rdp: float, beta, sig
         ss = smooth_sensitivity(local_sensitivity=total_ls, beta=float(b))
         if ss == 0.0:
             return float(b), math.inf, 0.0
+        if math.isinf(ss):  # the cost can move without bound (tiny noise): no noise hides it, nothing is bounded
+            return float(b), math.inf if sigma_ss is None else float(sigma_ss), math.inf
         s = float(sigma_ss) if sigma_ss is not None else (order * math.exp(2.0 * b) / ss) ** (1.0 / 3.0)
         cost = rdp + gnss_rdp(beta=float(b), sigma=s, order=order) + 2.0 * ss * s
         if best is None or cost < best[0]:
@@ -491,15 +514,19 @@ def data_independent_parameters(
     unanimous = np.zeros((1, m))
     unanimous[0, 0] = n
     params = dict(mechanism=mechanism, sigma=sigma, threshold=threshold, sigma1=sigma1, sigma2=sigma2)
-    # Every reference query is the same, so the run's cost and local sensitivity are q times one query's.
+    # Every reference query is the same, so the run's cost and local sensitivity are q times one query's
+    # (inf past float range, for tiny noise: an upper bound).
     if order is None:
         costs = pate.query_costs(votes=unanimous, orders=orders, **params)
-        alpha = best_order_meeting_conditions(q * costs.data_dependent.sum(axis=0), costs.orders, d,
+        with np.errstate(over="ignore"):
+            run_cost = q * costs.data_dependent.sum(axis=0)
+        alpha = best_order_meeting_conditions(run_cost, costs.orders, d,
                                               sigma=sigma2 if mechanism == "confident" else sigma, num_classes=m)
     else:
         alpha = float(pate._orders(order)[0])
     at = pate.query_costs(votes=unanimous, orders=[alpha], **params)
-    total_ls = q * _total_local_sensitivity(at, unanimous, num_teachers=n, order=alpha, sigma=sigma,
-                                            threshold=threshold, sigma1=sigma1, sigma2=sigma2)
+    with np.errstate(over="ignore"):
+        total_ls = q * _total_local_sensitivity(at, unanimous, num_teachers=n, order=alpha, sigma=sigma,
+                                                threshold=threshold, sigma1=sigma1, sigma2=sigma2)
     b, s_ss, _ = _choose_beta_sigma(total_ls, alpha, q * float(at.data_dependent.sum()), beta, sigma_ss)
     return ReleaseParameters(order=alpha, beta=b, sigma_ss=s_ss)

@@ -61,6 +61,10 @@ _FRAC_MAX_TERMS = 1 << 16
 # round-off allowances below add this much per unit of magnitude, so that RDP values are
 # upper bounds also after floating-point rounding.
 _ROUNDOFF = 8.0 * float(np.finfo(float).eps)
+# Below this noise multiplier (~1.5e-154) sigma^2 is no longer a normal float (it loses precision,
+# then underflows to 0) and 1/(2 sigma^2) > 2e307: the RDP of every order is at or beyond float range
+# (log A_alpha grows like alpha (alpha - 1) / (2 sigma^2)), so compute_rdp gives inf outright.
+_SIGMA_FLOOR = math.sqrt(float(np.finfo(float).tiny))
 
 
 def compute_rdp(
@@ -76,8 +80,11 @@ def compute_rdp(
     [MTZ19, Sec. 3.3]; composition over steps is linear [Mir17, Prop. 1]. Integer orders use the
     exact finite binomial sum; fractional orders the two convergent series of [MTZ19, Sec. 3.3],
     truncated with the alternating-series remainder bound added, so the value is an upper bound.
-    Special cases: q == 0 or steps == 0 gives 0; sigma == 0 (q > 0) gives inf; q == 1 gives
-    steps * alpha / (2 sigma^2) exactly (the plain Gaussian mechanism).
+    Special cases: q == 0 or steps == 0 gives 0; sigma < sqrt(smallest normal float) ~ 1.5e-154
+    (q > 0, sigma == 0 included) gives inf, as 1/(2 sigma^2) > 2e307 puts the RDP at or beyond
+    float range; q == 1 gives steps * alpha / (2 sigma^2) exactly (the plain Gaussian mechanism).
+    An order whose terms overflow (tiny sigma, huge order), or whose total exceeds float range,
+    gives inf, its upper bound.
     """
     q = _validate.sample_rate(sample_rate)
     sigma = _validate.noise_multiplier(noise_multiplier)
@@ -86,21 +93,29 @@ def compute_rdp(
 
     if q == 0.0 or t == 0:
         return np.zeros_like(alphas)
-    if sigma == 0.0:
+    if sigma < _SIGMA_FLOOR:
         return np.full_like(alphas, np.inf)
     if q == 1.0:
-        return t * alphas / (2.0 * sigma**2)
+        with np.errstate(over="ignore"):
+            return t * alphas / (2.0 * sigma**2)
 
     per_step = np.empty_like(alphas)
     is_int = alphas == np.round(alphas)
-    for group in _integer_groups(alphas, is_int):
-        per_step[group] = _log_a_integer(q, sigma, alphas[group])
-    fractional = np.flatnonzero(~is_int)
-    if fractional.size:
-        per_step[fractional] = _log_a_fractional(q, sigma, alphas[fractional])
+    # Exponents (k^2 - k) / (2 sigma^2) may overflow for tiny sigma or huge orders; the orders
+    # concerned come out as inf (an upper bound), without a warning.
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        for group in _integer_groups(alphas, is_int):
+            per_step[group] = _log_a_integer(q, sigma, alphas[group])
+        fractional = np.flatnonzero(~is_int)
+        if fractional.size:
+            per_step[fractional] = _log_a_fractional(q, sigma, alphas[fractional])
+    # A NaN here can only come from such an overflow (inf - inf): A_alpha is then beyond float
+    # range, and inf is its upper bound.
+    per_step = np.where(np.isnan(per_step), np.inf, per_step)
     # A_alpha >= 1 (a Renyi divergence is >= 0); clamping up is the safe side of round-off.
     per_step = np.maximum(per_step, 0.0) / (alphas - 1.0)
-    return t * per_step
+    with np.errstate(over="ignore"):
+        return t * per_step
 
 
 def _integer_groups(alphas: np.ndarray, is_int: np.ndarray) -> list[np.ndarray]:
@@ -218,6 +233,9 @@ def _fractional_block(q: float, sigma: float, alphas: np.ndarray, n: int, final:
     parts1 = (j * log_q, i * log_1mq, (j * j - j) / (2 * sigma**2), special.log_ndtr((j - z0) / sigma))
     log_t0, log_t1 = sum(parts0), sum(parts1)
     log_terms = log_binom + np.logaddexp(log_t0, log_t1)
+    # A term past float range (+inf, or NaN from inf - inf in its exponent; only for tiny sigma or
+    # huge orders): A_alpha is past it too, so that order is done, with log A = inf.
+    overflowed = np.any(np.isnan(log_terms) | (log_terms == np.inf), axis=1)
     shift = np.max(log_terms, axis=1, keepdims=True)
     terms = sign * np.exp(log_terms - shift)
     partial = np.cumsum(terms, axis=1)  # partial[:, k] = sum_{i <= k} terms[:, i] (scaled by e^-shift)
@@ -227,7 +245,7 @@ def _fractional_block(q: float, sigma: float, alphas: np.ndarray, n: int, final:
     before = np.concatenate([np.zeros((alphas.size, 1)), partial[:, :-1]], axis=1)
     scale = np.maximum(_FRAC_REL_TAIL * before, 1e-10 * (before - np.exp(-shift)))
     ok = (i >= ceil_a + 1) & (np.abs(terms) <= scale)
-    done = ok.any(axis=1) | final
+    done = ok.any(axis=1) | overflowed | final
     stop = np.where(ok.any(axis=1), np.argmax(ok, axis=1), n - 1)[done]
     rows = np.flatnonzero(done)
     # Round-off allowance: a term's log is a sum of parts, each accurate to a few ulps.
@@ -238,6 +256,9 @@ def _fractional_block(q: float, sigma: float, alphas: np.ndarray, n: int, final:
     )
     values = np.empty(rows.size)
     for r, (row, k) in enumerate(zip(rows, stop)):
+        if overflowed[row]:
+            values[r] = math.inf
+            continue
         slack = _ROUNDOFF * float(np.sum(weighted[row, : k + 1]))
         total = math.fsum(terms[row, :k]) + abs(terms[row, k]) + slack
         values[r] = float(shift[row, 0]) + math.log(total)

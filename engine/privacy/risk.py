@@ -168,7 +168,7 @@ def dpsgd_privacy_profile(
     q, sigma, t, h = _pld._check(sample_rate, noise_multiplier, steps, discretization)
     if q == 0.0 or t == 0:
         return PrivacyProfile(epsilons=np.zeros(1), deltas=np.zeros(1))
-    if sigma == 0.0:
+    if sigma < _pld._SIGMA_FLOOR:  # no noise, or too little for the PLD (as pld_delta): no bound
         return PrivacyProfile(epsilons=np.zeros(1), deltas=np.ones(1))
     composed = (_pld._compose_direction(q, sigma, t, h, add, _pld._WINDOW_TAIL) for add in (False, True))
     directions = [_grid_profile(c) for c in composed]

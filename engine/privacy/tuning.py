@@ -215,7 +215,8 @@ def repeat_and_select_rdp(
         best = float(np.min(per_lhat))
         if pure is not None:
             best = min(best, pure)
-        out = values + (1.0 + eta) * best + log_mean / (alphas - 1.0)
+        with np.errstate(over="ignore"):  # a sum past float range is inf, an upper bound
+            out = values + (1.0 + eta) * best + log_mean / (alphas - 1.0)
     out = np.where(np.isinf(values), np.inf, out)
     return _monotone_in_order(alphas, out)
 

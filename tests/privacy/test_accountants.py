@@ -6,6 +6,7 @@ import math
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -246,3 +247,34 @@ def test_privacy_package_imports_only_numpy_and_scipy():
     repo = pathlib.Path(__file__).resolve().parents[2]
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("sigma", [1e-200, 1e-300])
+def test_noise_too_small_for_any_bound_gives_inf_everywhere_and_zero_before_any_step(sigma):
+    """Noise multiplier 1e-200: the RDP accountant gave NaN (and rdp_to_epsilon raised). Now inf from
+    every accountant and function, without a warning; and the live accountant before its first step
+    states 0 (0 * inf was NaN there)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for accountant in ACCOUNTANTS:
+            assert _eps(accountant, q=0.01, sigma=sigma, steps=100) == math.inf
+        assert np.all(epsilon_curve(sample_rate=0.01, noise_multiplier=sigma, steps=5, delta=1e-5) == math.inf)
+        live = LiveAccountant(sample_rate=0.01, noise_multiplier=sigma, delta=1e-5)
+        assert live.epsilon().value == 0.0 and live.epsilon_reported().value == 0.0
+        live.step()
+        assert live.epsilon().value == math.inf and live.epsilon_reported().value == math.inf
+        assert max_steps_within_budget(sample_rate=0.01, noise_multiplier=sigma, delta=1e-5, budget=1.0,
+                                       accountant="rdp") == 0
+        assert dpsgd_epsilon(sample_rate=0.01, noise_multiplier=1.1, steps=0, delta=1e-5, accountant="rdp",
+                             statistics_noise_multiplier=sigma).value == math.inf
+
+
+def test_epsilon_past_float_range_is_inf_without_a_warning():
+    """Noise 1e-150 (RDP ~1e300 per step) over many steps: steps * RDP overflows to inf, the right bound."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        live = LiveAccountant(sample_rate=0.01, noise_multiplier=1e-150, delta=1e-5)
+        live.step(10**12)
+        assert live.epsilon().value == math.inf
+        curve = epsilon_curve(sample_rate=0.01, noise_multiplier=1e-153, steps=300, delta=1e-5)
+    assert np.all(curve[1:] >= curve[:-1]) and curve[-1] == math.inf and np.isfinite(curve[0])

@@ -4,6 +4,7 @@ against dp-accounting (RDP and PLD) and closed forms."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -100,3 +101,15 @@ def test_budget_and_calibration_cover_the_statistics():
     sigma = calibrate_noise_multiplier(sample_rate=q, steps=143, target_epsilon=2.0, delta=delta,
                                        statistics_noise_multiplier=stats_sigma)
     assert eps(143, sigma) <= 2.0 < eps(143, round(sigma - 1e-3, 6))
+
+
+@pytest.mark.parametrize("sigma", [1e-155, 1e-200, 5e-324])
+def test_gaussian_rdp_of_noise_too_small_for_a_float_is_inf_without_a_warning(sigma):
+    """sigma^2 is no normal float below ~1.5e-154 (it loses precision, then is 0): inf, not a division
+    warning; at 1e-150 the closed form still holds."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.all(gaussian_rdp(noise_multiplier=sigma, orders=[1.5, 2.0, 100.0]) == math.inf)
+        assert dpsgd_epsilon(sample_rate=0.01, noise_multiplier=1.0, steps=10, delta=1e-5,
+                             statistics_noise_multiplier=sigma).value == math.inf
+    np.testing.assert_array_equal(gaussian_rdp(noise_multiplier=1e-150, orders=[2.0]), [2.0 / (2.0 * 1e-300)])

@@ -9,6 +9,7 @@ shown; the numbers are pasted here, the code is not used.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -367,3 +368,100 @@ def test_default_orders_are_tight_for_the_data_independent_epsilon(num_queries, 
     assert ours >= best_order_epsilon * (1 - 1e-9)
     assert ours <= best_order_epsilon * 1.004  # the grid that started at 1.25 gave 1.0254 and 1.013 (first two)
     assert ours >= closed_forms.gaussian_epsilon(delta, sigma / math.sqrt(2.0 * num_queries))
+
+
+# ---- noise too small for a float ------------------------------------------------------------------
+
+OK_VOTES = np.array([[34, 4, 3, 9], [42, 4, 3, 1], [34, 6, 5, 5], [25, 25, 0, 0], [26, 24, 0, 0]])
+
+
+@pytest.mark.parametrize("noise", [1e-160, 1e-200, 1e-300, 5e-324])
+def test_gnmax_and_confident_with_noise_too_small_for_a_float_give_inf_not_an_overflow(noise):
+    """gnmax_sigma = 1e-300 raised OverflowError (34, 'Numerical result out of range') in gnmax_log_q0
+    ((1 + 1/sigma)^2 in Python floats). Both epsilons are inf: alpha / sigma^2 is past float range, and
+    the data-dependent bound needs the same exponents, so every query is charged alpha / sigma^2."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.all(pate.gnmax_log_q0(sigma=noise, orders=ORDERS) == -np.inf)
+        assert np.all(pate.gnmax_rdp_data_independent(sigma=noise, orders=ORDERS) == np.inf)
+        for kw in (dict(mechanism="gnmax", sigma=noise),
+                   dict(mechanism="confident", threshold=30.0, sigma1=noise, sigma2=5.0),
+                   dict(mechanism="confident", threshold=30.0, sigma1=5.0, sigma2=noise)):
+            res = pate.pate_epsilon(votes=OK_VOTES, delta=1e-5, **kw)
+            assert res.epsilon_data_independent == math.inf and res.epsilon_data_dependent == math.inf, kw
+            assert not np.any(np.isnan(res.rdp))
+            realised = pate.pate_epsilon(votes=OK_VOTES, delta=1e-5, answered=[True, False, True, False, False], **kw)
+            assert realised.epsilon_data_dependent == math.inf
+        assert pate.epsilon_if_all_answered(mechanism="confident", num_queries=10, delta=1e-5, sigma1=noise,
+                                            sigma2=noise) == math.inf
+
+
+def test_a_probability_below_every_float_is_not_a_certain_outcome():
+    """q~ of a query with a clear plurality underflowed to 0 at noise ~1e-154 (log q = -inf), and a certain
+    outcome is charged nothing at every order. But Theorem 6 holds only for orders below mu1 = sigma
+    sqrt(log 1/q) + 1 (about 4 for this gap of 6: true log q is about -gap^2 / (4 sigma^2)); above it the
+    cost is alpha / sigma^2. log q is now kept at the most negative float (an upper bound on q)."""
+    sigma = 1.6e-154
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        log_q = pate.gnmax_log_q(votes=[[6, 0, 0]], sigma=sigma)
+        cost = pate.gnmax_rdp_data_dependent(votes=[[6, 0, 0]], sigma=sigma, orders=[10.0])[0, 0]
+    assert np.all(np.isfinite(log_q))
+    true_mu1 = 6.0 / 2.0 + 1.0  # sigma sqrt(gap^2 / (4 sigma^2)) + 1 (beyond float range to compute as written)
+    assert 10.0 > true_mu1 and cost >= 1.79e308  # alpha / sigma^2 = 3.9e308: inf
+
+
+def test_the_check_of_a_near_certain_answer_is_charged_above_theorem_6s_orders():
+    """Confident GNMax, sigma1 = 1, threshold 10: a maximum count of 48 made Pr[answered] round to 1,
+    log(1 - Pr) = -inf, and the check cost nothing at every order, while a count of 47 cost alpha / 2 at
+    order 50. Pr[rejected] = Phi(-38) (log -726.6) gives mu1 = sqrt(2) sqrt(726.6) + 1 = 39.1 < 50, where
+    Theorem 6 does not apply: the cost there is the data-independent alpha / (2 sigma1^2) = 25."""
+    orders = np.array([10.0, 50.0])
+    costs = pate.threshold_rdp_data_dependent(votes=[[47, 3, 0], [48, 2, 0], [60, 0, 0]], threshold=10.0,
+                                              sigma1=1.0, orders=orders)
+    log_rejected = stats.norm.logsf(48.0 - 10.0)  # scipy's own tail, independently of engine.privacy
+    mu1 = math.sqrt(2.0) * math.sqrt(-log_rejected) + 1.0
+    assert 38.0 < mu1 < 50.0
+    np.testing.assert_allclose(costs[:2, 1], [25.0, 25.0], rtol=1e-15)  # was 25 and 0
+    assert 0 < costs[2, 1] <= 25.0  # count 60: mu1 = sqrt(2) * 35.4 + 1 = 51 > 50, Theorem 6 applies
+    assert np.all(costs[:2, 0] > 0) and np.all(costs[:, 0] < 1e-100)  # Theorem 6 at order 10: tiny
+    res = pate.pate_epsilon(votes=[[48, 2, 0]] * 50, mechanism="confident", threshold=10.0, sigma1=1.0, sigma2=40.0,
+                            delta=1e-5)
+    assert res.rdp[np.searchsorted(res.orders, 50.0)] >= 50 * 25.0 * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-308, 5e-324])
+def test_lnmax_with_noise_too_small_for_a_float_gives_its_bound_not_an_overflow(scale):
+    """laplace_scale = 1e-300 raised OverflowError in lnmax_rdp_data_independent ((2/b)^2 in Python floats).
+    The data-independent RDP is then min(alpha eps^2 / 2, eps) = eps = 2 / b per query (inf once 2 / b
+    passes float range), and q~ is never NaN (inf - inf when gap / b overflowed)."""
+    eps = 2.0 / scale  # inf for 5e-324
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        di = pate.lnmax_rdp_data_independent(laplace_scale=scale, orders=ORDERS)
+        log_q = pate.lnmax_log_q(votes=OK_VOTES, laplace_scale=scale)
+        res = pate.pate_epsilon(votes=OK_VOTES, mechanism="lnmax", laplace_scale=scale, delta=1e-5)
+    np.testing.assert_array_equal(di, np.full(ORDERS.size, eps))
+    assert not np.any(np.isnan(log_q)) and np.all(log_q <= 0)
+    np.testing.assert_array_equal(res.rdp_data_independent, np.full(res.orders.size, 5 * eps))
+    assert res.epsilon_data_independent >= 5 * eps * (1 - 1e-12)
+    assert not np.any(np.isnan(res.rdp))
+
+
+def test_dpw_privacy_pate_with_tiny_noise_answers_inf(tmp_path):
+    """The fuzz cases: `dpw privacy pate --mechanism gnmax --sigma 1e-300` (with and without --release) and
+    `--mechanism lnmax --laplace-scale 1e-300` printed an OverflowError traceback."""
+    from click.testing import CliRunner
+
+    from engine.cli import cli
+
+    path = tmp_path / "votes.npy"
+    np.save(path, OK_VOTES)
+    base = ["privacy", "pate", "--votes", str(path), "--delta", "1e-5", "--json"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for extra in (["--mechanism", "gnmax", "--sigma", "1e-300"],
+                      ["--mechanism", "gnmax", "--sigma", "1e-300", "--release"],
+                      ["--mechanism", "lnmax", "--laplace-scale", "1e-300"]):
+            result = CliRunner().invoke(cli, base + extra)
+            assert result.exit_code == 0 and "Traceback" not in result.output, (extra, result.output)

@@ -223,19 +223,95 @@ def test_release_orders_are_chosen_where_conditions_c5_c6_hold():
 
 @pytest.mark.parametrize("noise", [-1.0, 0.0, 1.0])
 def test_infinite_release_noise_on_a_varying_cost_bounds_nothing(noise):
-    """GNMax sigma 0.001: the unanimous reference has smooth sensitivity 0, so the fixed sigma_ss is inf.
-    On real votes the cost varies (SS > 0): a negative draw released -inf and the epsilon stated was the
-    release's own cost alone, 1221, below the run's data-dependent epsilon (about 2e6 at that order); a
-    zero draw raised (inf * 0). An infinitely noisy number says nothing, so the release is inf and the
-    publishable epsilon falls back to the data-independent bound."""
+    """A fixed sigma_ss = inf on votes whose cost varies (SS > 0): a negative draw released -inf and the
+    epsilon stated was the release's own cost alone, 1221, below the run's data-dependent epsilon (about
+    2e6 at that order); a zero draw raised (inf * 0). An infinitely noisy number says nothing, so the
+    release is inf and the publishable epsilon falls back to the data-independent bound.
+
+    (GNMax sigma 0.001 used to give sigma_ss = inf by itself: BL(q0) underflowed, and the unanimous
+    reference got smooth sensitivity 0 although a tie, where the cost is alpha / sigma^2 = 1e6, is five
+    teachers away. It now gets SS > 0 and a finite sigma_ss.)"""
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # C6 on an empty interval gave NaN grids ("invalid value in subtract")
         assert pate_smooth.check_conditions(sigma=1e-3, num_classes=3, order=1.01) == (True, True)
         params = pate_smooth.data_independent_parameters(mechanism="gnmax", num_teachers=10, num_queries=3,
                                                          num_classes=3, delta=1e-5, sigma=1e-3)
-    assert params.sigma_ss == math.inf
+    assert 0 < params.sigma_ss < math.inf
     votes = np.array([[6, 4, 0], [10, 0, 0], [5, 5, 0]])
     released = pate_smooth.release_epsilon(votes=votes, mechanism="gnmax", delta=1e-5, noise=noise, sigma=1e-3,
-                                           order=params.order, beta=params.beta, sigma_ss=params.sigma_ss)
+                                           order=params.order, beta=params.beta, sigma_ss=math.inf)
     assert released.smooth_sensitivity > 0 and released.epsilon_released == math.inf
     assert released.epsilon_data_dependent_at_order > 1e6
+
+
+# ---- small and tiny noise -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("log_q", [-700.0, -800.0, -5000.0, -1e6])
+def test_neighbour_bounds_of_a_q_below_the_normal_floats_match_high_precision(log_q):
+    """BL(q) and BU(q) [Prop. 13] took erfcinv(2q/(m-1)) of e^log_q, which is 0 below ~1e-308: both
+    became 0, as if no neighbour could move the cost. Against the same formulas in 60-digit arithmetic."""
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 60
+    sigma, m = 1.0, 5
+    log_bl, log_bu = pate_smooth.gnmax_log_q_bounds(log_q=np.array([log_q]), sigma=sigma, num_classes=m)
+    y = 2 * mpmath.exp(log_q) / (m - 1)
+    z = mpmath.findroot(lambda t: mpmath.log(mpmath.erfc(t)) - mpmath.log(y), mpmath.sqrt(-mpmath.log(y)))
+    scale = mpmath.log((m - 1) / mpmath.mpf(2))
+    ref_bl = scale + mpmath.log(mpmath.erfc(1 / mpmath.mpf(sigma) + z))
+    ref_bu = min(mpmath.mpf(0), scale + mpmath.log(mpmath.erfc(-1 / mpmath.mpf(sigma) + z)))
+    assert float(log_bl[0]) == pytest.approx(float(ref_bl), rel=1e-9)
+    assert float(log_bu[0]) == pytest.approx(float(ref_bu), rel=1e-9)
+    assert log_bl[0] < log_q < log_bu[0]
+
+
+def test_the_plateau_of_the_local_sensitivity_is_found_at_every_order():
+    """GNMax sigma 1, 5 classes: from order ~28 on q0 is below e^-745, BL(q0) underflowed to 0, the plateau's
+    local sensitivity came out 0 and C6 was skipped as holding, so a release could pick such an order with a
+    smooth sensitivity far too small (released epsilon 2.08 instead of 9.08 on synthetic votes)."""
+    for order in (10.0, 28.5, 50.0, 100.0, 1000.0):
+        log_q0, log_q1 = pate_smooth._plateau_bounds(1.0, 5, order)
+        plateau = pate_smooth._ls_of_log_q(np.array([log_q1]), 1.0, 5, order, log_q0, log_q1)[0]
+        assert np.isfinite(log_q1) and log_q1 < log_q0 and plateau > 0, order
+        assert pate_smooth.check_conditions(sigma=1.0, num_classes=5, order=order) == (True, False), order
+
+
+@pytest.mark.parametrize("sigma", [0.05, 0.01, 1e-3])
+def test_small_noise_has_a_positive_smooth_sensitivity_and_a_released_epsilon_that_grows(sigma):
+    """The votes of the fuzz report (50 teachers): at sigma 0.05 and below the smooth sensitivity was 0 and
+    the released epsilon 0, while at sigma 0.1 it was 1274. A tie is reachable, where the cost is
+    alpha / sigma^2; the released epsilon now grows as the noise shrinks."""
+    rng = np.random.default_rng(3)
+    votes = np.array([rng.multinomial(50, [0.8, 0.1, 0.05, 0.05]) for _ in range(30)])
+    at = {s: pate_smooth.release_epsilon(votes=votes, mechanism="gnmax", delta=1e-5, noise=0.0, sigma=s,
+                                         num_teachers=50) for s in (0.1, sigma)}
+    assert at[sigma].smooth_sensitivity > 0
+    assert at[sigma].epsilon_released >= at[0.1].epsilon_released > 0
+
+
+@pytest.mark.parametrize("noise", [1e-160, 1e-300, 5e-324])
+def test_a_release_with_noise_too_small_for_a_float_is_inf_not_an_error(noise):
+    """`dpw privacy pate --sigma 1e-300 --release`: the costs are alpha / sigma^2 = inf, their local
+    sensitivity inf - inf; sigma_ss came out 0 or NaN and gnss_rdp raised. No noise can hide such a cost:
+    the release is inf, and so are the parameters fixed before the votes (sigma_ss = inf)."""
+    votes = np.array([[6, 4, 0], [10, 0, 0], [5, 5, 0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for kw in (dict(mechanism="gnmax", sigma=noise),
+                   dict(mechanism="confident", threshold=6.0, sigma1=noise, sigma2=2.0),
+                   dict(mechanism="confident", threshold=6.0, sigma1=2.0, sigma2=noise)):
+            released = pate_smooth.release_epsilon(votes=votes, delta=1e-5, noise=-1.0, num_teachers=10, **kw)
+            assert released.epsilon_released == math.inf and released.smooth_sensitivity == math.inf, kw
+            params = pate_smooth.data_independent_parameters(num_teachers=10, num_queries=3, num_classes=3,
+                                                             delta=1e-5, **kw)
+            assert params.sigma_ss == math.inf, kw
+            fixed = pate_smooth.release_epsilon(votes=votes, delta=1e-5, noise=0.5, num_teachers=10,
+                                                order=params.order, beta=params.beta, sigma_ss=params.sigma_ss, **kw)
+            assert fixed.epsilon_released == math.inf, kw
+
+
+def test_smooth_sensitivity_of_an_unbounded_local_sensitivity_is_inf():
+    """inf * e^(-beta d) is NaN where the exponential underflows (thousands of teachers)."""
+    ls = np.concatenate([np.zeros(3000), [math.inf]])
+    assert pate_smooth.smooth_sensitivity(local_sensitivity=ls, beta=0.49) == math.inf
+    assert pate_smooth.smooth_sensitivity(local_sensitivity=[0.0, math.nan], beta=0.1) == math.inf

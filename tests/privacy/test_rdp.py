@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -269,3 +270,79 @@ def test_default_orders_are_tight_where_the_best_order_is_large(q, sigma, steps,
     assert ours.value >= best_order_epsilon * (1 - 1e-9)
     assert ours.value <= best_order_epsilon * 1.025
     assert ours.value >= dpacct_pld_epsilon(q, sigma, steps, delta, False)
+
+
+# ---- noise too small for a float ------------------------------------------------------------------
+
+TINY_NOISE = (1e-155, 1e-160, 1e-200, 1e-300, 5e-324)  # below sqrt(smallest normal float) ~ 1.5e-154
+
+
+@pytest.mark.parametrize("sigma", TINY_NOISE)
+@pytest.mark.parametrize("q", [0.01, 0.5, 1.0])
+def test_noise_too_small_for_a_float_gives_infinite_rdp_and_epsilon_not_nan(q, sigma):
+    """Noise multiplier 1e-200 or 1e-300 (`dpw privacy dpsgd --accountant rdp`, `dpw run`, `dpw study
+    --plan`): 1/sigma^2 overflowed in the fractional series, inf - inf gave NaN at every fractional order,
+    and rdp_to_epsilon raised 'rdp values must be >= 0 ... NaN' after RuntimeWarnings. The RDP is beyond
+    float range there: inf at every order (an upper bound), epsilon inf, no warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rdp = compute_rdp(sample_rate=q, noise_multiplier=sigma, steps=100)
+        result = rdp_to_epsilon(orders=DEFAULT_ORDERS, rdp=rdp, delta=1e-5)
+    assert np.all(rdp == np.inf)
+    assert result.value == math.inf and result.order is None
+
+
+@pytest.mark.parametrize("sigma", [1.6e-154, 1e-153, 1e-152, 2e-152, 1e-151, 1e-150])
+def test_noise_near_the_float_limit_gives_an_upper_bound_at_every_order_never_nan(sigma):
+    """Just above the limit some orders' series overflow (inf there, an upper bound) and the others stay
+    finite. A finite value lies between log(q^alpha e^(alpha(alpha-1)/(2 sigma^2)))/(alpha-1) (the k = alpha
+    term of A_alpha alone: a lower bound on the exact RDP) and alpha/(2 sigma^2) (the full batch, which
+    dominates any sample rate)."""
+    orders = np.array([1.01, 1.5, 2.0, 3.0, 10.5, 64.0, 1000.5, 4096.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rdp = compute_rdp(sample_rate=0.01, noise_multiplier=sigma, steps=1, orders=orders)
+        result = rdp_to_epsilon(orders=orders, rdp=rdp, delta=1e-5)
+    assert not np.any(np.isnan(rdp)) and result.value > 1e290
+    integer = (orders == np.round(orders)) & np.isfinite(rdp)
+    a = orders[integer]
+    lower = a * math.log(0.01) / (a - 1) + a / (2 * sigma**2)
+    assert np.all(rdp[integer] >= lower * (1 - 1e-12))
+    finite = np.isfinite(rdp)
+    assert np.all(rdp[finite] <= orders[finite] / (2 * sigma**2) * (1 + 1e-12))
+
+
+@pytest.mark.parametrize("sigma", [1e-3, 1e-50, 1e-100, 1e-150, 1e-152])
+def test_small_noise_rdp_is_never_below_dp_accounting(sigma, dpacct_rdp):
+    """dp-accounting's subsampled Gaussian at small noise (it gives NaN at 1e-160 and divides by zero at
+    1e-300): ours is at least its value at every order (inf included), within 1e-9 at integer orders."""
+    orders = np.array([1.5, 2.0, 3.0, 10.0, 64.0])
+    ours = compute_rdp(sample_rate=0.01, noise_multiplier=sigma, steps=1, orders=orders)
+    ref = np.asarray(dpacct_rdp._compute_rdp_poisson_subsampled_gaussian(0.01, sigma, orders))
+    assert np.all(ours >= ref * (1 - 1e-12))
+    finite = np.isfinite(ours) & (orders == np.round(orders))
+    np.testing.assert_allclose(ours[finite], ref[finite], rtol=1e-9)
+
+
+def test_rdp_at_ordinary_noise_is_unchanged_by_the_tiny_noise_guards():
+    """Values computed before the guards for tiny noise were added (bit for bit)."""
+    orders = [1.5, 2.0, 10.5, 32.0, 256.0]
+    pinned = {
+        (0.01, 1.1): [9.554528573365792e-05, 0.0001285100816051647, 0.0009672713052503869, 8.469416433675969,
+                      101.16189429002881],
+        (256 / 60000, 0.8): [5.066010152482425e-05, 6.864174682734652e-05, 2.1718821033294127, 19.36704784854233,
+                             194.52167790760222],
+        (0.5, 3.0): [0.021413356321709154, 0.02895645308460924, 0.19854115047307655, 1.0967401104738406,
+                     13.526356817425327],
+    }
+    for (q, sigma), values in pinned.items():
+        np.testing.assert_array_equal(compute_rdp(sample_rate=q, noise_multiplier=sigma, steps=1, orders=orders),
+                                      values)
+
+
+def test_steps_times_an_rdp_past_float_range_is_inf_without_a_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rdp = compute_rdp(sample_rate=1.0, noise_multiplier=1e-150, steps=10**12, orders=[2.0, 3.0])
+        sub = compute_rdp(sample_rate=0.01, noise_multiplier=1e-150, steps=10**12, orders=[2.0, 3.0])
+    assert np.all(rdp == np.inf) and np.all(sub == np.inf)

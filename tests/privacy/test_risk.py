@@ -354,3 +354,27 @@ def test_privacy_calibrate_needs_exactly_one_target():
     neither = CliRunner().invoke(cli, ["privacy", "calibrate", "--sample-rate", "0.01", "--steps", "300"])
     for result in (both, neither):
         assert result.exit_code != 0 and result.output.startswith("error: give either --epsilon")
+
+
+@pytest.mark.parametrize("sigma", [1e-101, 1e-200, 1e-300])
+def test_noise_too_small_for_the_pld_gives_the_no_bound_profile_not_an_error(sigma):
+    """`dpw privacy risk --noise-multiplier 1e-200` printed RuntimeWarnings, then "The function value at
+    x=-1.0 is NaN; solver cannot continue" (sigma^2 underflows in the loss range search). Below the PLD's
+    floor (1e-100, where pld_epsilon is already inf) the profile is delta = 1: nothing bounded, quietly."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        risk = dpsgd_attack_risk(sample_rate=0.01, noise_multiplier=sigma, steps=100, delta=1e-5)
+        result = CliRunner().invoke(cli, ["privacy", "risk", "--sample-rate", "0.01", "--noise-multiplier",
+                                          f"{sigma:g}", "--steps", "100", "--delta", "1e-5", "--json"])
+    assert risk.epsilon == math.inf and risk.max_advantage == 1.0 and risk.loss_bound == math.inf
+    assert all(v == 1.0 for v in risk.tpr_at_fpr.values()) and all(v == 1.0 for v in risk.posterior.values())
+    assert result.exit_code == 0 and "Warning" not in result.output
+    assert json.loads(result.output)["max_advantage"] == 1.0
+
+
+def test_vanishing_noise_above_the_pld_floor_states_at_least_the_chance_of_being_sampled():
+    """Noise 1e-100 (still computed by the PLD): with almost no noise every step that samples the record
+    reveals it, so the advantage is at least the chance of being sampled, 1 - (1 - q)^T."""
+    q, steps = 0.01, 100
+    risk = dpsgd_attack_risk(sample_rate=q, noise_multiplier=1e-100, steps=steps, delta=1e-5)
+    assert risk.max_advantage >= -math.expm1(steps * math.log1p(-q)) and risk.epsilon == math.inf

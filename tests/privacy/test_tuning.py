@@ -9,6 +9,7 @@ import logging
 import math
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -383,3 +384,24 @@ def test_num_runs_quantiles_match_scipy_for_poisson_and_geometric(mean_runs):
     assert num_runs_probability(mean_runs=mean_runs, shape=math.inf, k=0) == pytest.approx(math.exp(-mean_runs))
     assert num_runs_probability(mean_runs=mean_runs, shape=1.0, k=0) == 0.0
     assert num_runs_probability(mean_runs=mean_runs, shape=1.0, k=1) == pytest.approx(1.0 / mean_runs)
+
+
+@pytest.mark.parametrize("sigma", [1e-160, 1e-200, 1e-300])
+@pytest.mark.parametrize("shape", SHAPES + (-0.5,))
+def test_noise_too_small_for_any_bound_gives_an_infinite_study_epsilon_not_an_error(sigma, shape):
+    """`dpw privacy tuning --noise-multiplier 1e-200` failed as `dpw privacy dpsgd` did (NaN RDP)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = tuning_epsilon(sample_rate=0.01, noise_multiplier=sigma, steps=100, delta=DELTA, mean_runs=8.0,
+                                shape=shape)
+    assert result.epsilon.value == math.inf and result.single_run.value == math.inf
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_study_rdp_past_float_range_is_inf_without_a_warning(shape):
+    """Noise 1e-153: one run's RDP is ~1e308, the study's adds to it and overflows: inf, an upper bound."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = tuning_epsilon(sample_rate=0.01, noise_multiplier=1e-153, steps=100, delta=DELTA, mean_runs=8.0,
+                                shape=shape)
+    assert result.epsilon.value >= result.single_run.value > 1e300
