@@ -209,7 +209,7 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
     row = store.get_study(result.study_id)
     click.echo(f"study {row['id']} ({row['name']}, {row['mode']}): {row['status']}, {len(result.run_ids)} runs")
     if row.get("epsilon") is not None:
-        click.echo(f"  privacy        ε = {row['epsilon']:.4f}, δ = {row['delta']:g} ({row['accountant']})")
+        click.echo(f"  privacy        ε = {epsilon_text(row['epsilon'])}, δ = {row['delta']:g} ({row['accountant']})")
     if result.released_run_id is not None:
         label = "released" if config.mode != "exploratory" else "selected"
         click.echo(f"  {label:<14} run {result.released_run_id}: dpw show {result.released_run_id}")
@@ -397,6 +397,11 @@ class ProgressDisplay:
             self.bar = None
 
 
+def epsilon_text(value: float) -> str:
+    """An epsilon to 4 decimals, or 4 significant digits when large (4e301 was printed in 302 digits)."""
+    return f"{value:.4f}" if value < 1e6 else f"{value:.4g}"
+
+
 def warn_settings_without_effect(config: Any) -> None:
     """One warning line per setting the config sets that the run will not read (settings_without_effect)."""
     from engine.config import as_toml
@@ -428,7 +433,7 @@ def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = Fals
         lines.append(f"  test accuracy  {run_row['accuracy']:.4f}")
     eps = publishable_epsilon(run_row)
     if eps.value is not None:
-        lines.append(f"  privacy        ε = {eps.value:.4f}, δ = {eps.delta:g} ({eps.accountant})"
+        lines.append(f"  privacy        ε = {epsilon_text(eps.value)}, δ = {eps.delta:g} ({eps.accountant})"
                      + ("" if eps.guarantee else "  NO GUARANTEE"))
     elif run_row.get("mechanism") == "none":
         lines.append("  privacy        none (non-private baseline)")

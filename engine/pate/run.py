@@ -326,7 +326,8 @@ class PreparedPATERun:
                         "answered": int(ok),
                         "label": int(released.labels[i]) if ok else None,
                         "true_label": int(true_labels[i]),
-                        "epsilon_cost": float(eps_dd[i] - previous),
+                        # (once the bound is inf, as for noise too small to bound anything, so is each cost)
+                        "epsilon_cost": float(eps_dd[i] - previous) if math.isfinite(previous) else math.inf,
                         "epsilon_after": float(eps_dd[i]),
                     })
                     previous = float(eps_dd[i])

@@ -148,6 +148,19 @@ def test_a_setting_the_runs_mechanism_does_not_read_is_named_before_it_runs(tmp_
     assert ran.returncode == 1 and "missing.csv" in ran.stderr  # then the run goes on as before (here: no data)
 
 
+@pytest.mark.parametrize("noise, shown", [('noise_multiplier = 1e-200', "ε = inf"),
+                                          ('mechanism = "pate"\nnum_teachers = 5\nteacher_epochs = 1\nstudent_epochs = 1\n'
+                                           'aggregator = "lnmax"\nlaplace_scale = 1e-300\nnum_queries = 20', "ε = 4e+301")])
+def test_noise_too_small_to_bound_anything_runs_to_an_epsilon_that_says_so(tmp_path, noise, shown):
+    """noise_multiplier = 1e-200 was a traceback (negative RDP from an overflow); laplace_scale = 1e-300 an
+    OverflowError, and its epsilon would have printed in 302 digits."""
+    config = tmp_path / "tiny.toml"
+    config.write_text(f'dataset = "digits"\nmodel = "mlp"\nepochs = 1\nmembership_audit = false\n{noise}\n')
+    ran = dpw("run", str(config), "--db", str(tmp_path / "r.sqlite"))
+    assert ran.returncode == 0 and "Traceback" not in ran.stderr and "Warning" not in ran.stderr, ran.stderr
+    assert f"privacy        {shown}, δ = 1e-05" in ran.stdout
+
+
 def test_run_list_and_show_on_a_tiny_real_run(tmp_path):
     config = tmp_path / "digits.toml"
     config.write_text('name = "tiny"\ndataset = "digits"\nnoise_multiplier = 1.0\nexpected_batch_size = 64\n'
