@@ -421,10 +421,11 @@ def test_pate_run_on_cuda_through_dpw_run_trains_teachers_and_student_on_the_gpu
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU: the error is for machines without")
 @pytest.mark.parametrize("mechanism", ["dpsgd", "pate"])
 def test_cuda_asked_for_without_a_gpu_is_one_line_naming_device_and_stores_no_run(tmp_path, mechanism):
-    extra = {"pate": dict(num_teachers=5, threshold=4.0, sigma1=1.5, sigma2=1.0, num_queries=50)}.get(mechanism, {})
+    extra = {"pate": dict(num_teachers=5, threshold=4.0, sigma1=1.5, sigma2=1.0, num_queries=50),
+             "dpsgd": dict(noise_multiplier=1.0, epochs=1)}[mechanism]
     config = tmp_path / "gpu.toml"
-    config.write_text(toml_text(dict(name="gpu", dataset="digits", mechanism=mechanism, noise_multiplier=1.0,
-                                     delta=1e-4, epochs=1, device="cuda", **extra)))
+    config.write_text(toml_text(dict(name="gpu", dataset="digits", mechanism=mechanism, delta=1e-4, device="cuda",
+                                     **extra)))
     db = tmp_path / "runs.sqlite"
     ran = dpw("run", str(config), "--db", str(db))
     assert ran.returncode == 1

@@ -123,7 +123,7 @@ def test_sigterm_to_dpw_study_at_any_moment_stops_it_with_no_further_candidate(t
     """SIGTERM (the window's Stop or its closing, a terminal's Ctrl-C) to `dpw study` the instant a candidate
     is announced (its runner still starting up, before it can stop cleanly) or the instant one finished
     (its runner auditing, the next not yet created): the study ends "stopped" at once, starts no other
-    candidate, leaves no run queued or running, and its row states the composition of what ran."""
+    candidate, leaves no run queued or running, and its row states the composition of the steps that ran."""
     db = store_with_history(tmp_path / "runs.sqlite")
     proc = start(["-m", "engine.cli", "study", study_file(tmp_path / "study.toml", "composition"), "--db", db,
                   "--json"])
@@ -144,6 +144,7 @@ def test_sigterm_to_dpw_study_at_any_moment_stops_it_with_no_further_candidate(t
     assert mine[0]["status"] in ("finished", "stopped", "failed")  # failed: killed while still starting up
     config = StudyConfig.load_toml(tmp_path / "study.toml")
     first = plan_candidates(config).configs[:1]
-    expected = composition_epsilon(first, training_size(first[0]), config.base.delta)
+    expected = composition_epsilon(first, training_size(first[0]), config.base.delta,
+                                   steps_done=[mine[0]["steps_done"] or 0])  # what it spent (0 if killed starting)
     assert study["epsilon"] == pytest.approx(expected.value, rel=1e-9)
     check_ledger(db)
