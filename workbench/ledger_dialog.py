@@ -43,8 +43,9 @@ class LedgerDialog(QDialog):
         layout = QVBoxLayout(self)
         intro = QLabel("The privacy spent on each dataset by all its runs, deleted ones included: DP-SGD runs "
                        "composed exactly (PLD, at the largest δ among them), the others by adding their (ε, δ). "
-                       "Runs of a study count one by one. A non-private run, or one whose noise is reproducible "
-                       "from its seed, leaves the data without a bound. Same figures as <tt>dpw ledger</tt>.")
+                       "Runs of a study count one by one. A non-private run, or one that states no guarantee (noise "
+                       "reproducible from its seed, exact normalization statistics, a PATE stop decided on the "
+                       "votes), leaves the data without a bound. Same figures as <tt>dpw ledger</tt>.")
         intro.setWordWrap(True)
         layout.addWidget(intro)
         self.status = QLabel("Composing…")

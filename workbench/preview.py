@@ -71,6 +71,9 @@ def estimate(config: RunConfig, size: DataSize) -> str:
     return text + "\n" + attacker_line(config, _dpsgd_tpr_at_1_percent(q, sigma, steps, statistics))
 
 
+NO_BOUND = "No bound on any attack"  # how attacker_line starts for a run without a guarantee
+
+
 def attacker_line(config: RunConfig, tpr_at_1_percent: float) -> str:
     """The bound in an attacker's terms, or why the run would have none (engine.publication)."""
     from engine.attack_risk import preview_statement
@@ -78,7 +81,7 @@ def attacker_line(config: RunConfig, tpr_at_1_percent: float) -> str:
 
     reason = no_guarantee_reason({"mechanism": config.mechanism, "config": config.to_dict()})
     if reason is not None:
-        return f"No bound on any attack: {reason}."
+        return f"{NO_BOUND}: {reason}."
 
     return preview_statement(tpr_at_1_percent)
 
@@ -121,11 +124,12 @@ def _pate(config: RunConfig, size: DataSize) -> str:
     value = "∞" if math.isinf(eps) else f"{eps:.3g}"
     keys = ("aggregator", "num_queries", "gnmax_sigma", "sigma1", "sigma2", "laplace_scale")
     tpr = _pate_tpr_at_1_percent(tuple((k, getattr(config, k)) for k in keys))
+    attacker = attacker_line(config, tpr)
     return (f"Data-independent bound if all {config.num_queries:,} queries were answered: ε ≤ {value} at "
             f"δ = {config.delta:g}; the released ε (smooth sensitivity) is usually much smaller.\n"
             f"{config.num_teachers:,} teachers of about {shard:,} examples each.\n"
-            + attacker_line(config, tpr).removesuffix(".")
-            + ("." if config.reproducible_noise else " (if every query were answered)."))
+            + (attacker if attacker.startswith(NO_BOUND) else attacker.removesuffix(".") +
+               " (if every query were answered)."))
 
 
 class _Signals(QObject):

@@ -41,6 +41,18 @@ def test_reproducible_noise_states_no_bound():
     assert "No bound on any attack" in text and "detects it with TPR" not in text
 
 
+def test_every_setting_that_voids_the_guarantee_states_no_bound_and_why():
+    """Exact normalization statistics and a PATE budget on the votes were previewed with a TPR bound."""
+    from engine.publication import EXACT_STATISTICS, STOPPED_ON_VOTES
+
+    exact = estimate(RunConfig(name="p", dataset="breast-cancer", noise_multiplier=1.3, normalization="exact"), SIZE)
+    assert f"No bound on any attack: {EXACT_STATISTICS}." in exact and "detects it with TPR" not in exact
+    on_votes = estimate(RunConfig(name="p", dataset="digits", mechanism="pate", num_teachers=10, aggregator="gnmax",
+                                  gnmax_sigma=40.0, num_queries=20, epsilon_budget=5.0,
+                                  pate_budget_on="data-dependent"), SIZE)
+    assert on_votes.endswith(f"No bound on any attack: {STOPPED_ON_VOTES}.")
+
+
 def test_a_noise_multiplier_too_small_for_any_bound_says_what_to_do():
     """1e-9 gave "ε = inf" and nothing else (and the run's accounting failed at its end before)."""
     text = estimate(RunConfig(name="p", dataset="digits", noise_multiplier=1e-9, epochs=1), SIZE)
