@@ -76,6 +76,7 @@ class LedgerDialog(QDialog):
         bold.setBold(True)
         for ledger in ledgers:
             top = QTreeWidgetItem([f"{ledger.title} — {ledger.statement()}"])
+            top.setToolTip(0, top.text(0))  # whole where the dialog is too narrow for it
             top.setFont(0, bold)
             if ledger.unbounded:
                 top.setForeground(0, QColor(UNBOUNDED_COLOUR))
@@ -84,6 +85,7 @@ class LedgerDialog(QDialog):
                 counted = COUNTED[entry.counted] + (f": {entry.why}" if entry.why else "")
                 child = QTreeWidgetItem([str(entry.run_id), entry.name or "", entry.mechanism or "", status,
                                          number(entry.epsilon, ".4g"), number(entry.delta, ".3g"), counted])
+                child.setToolTip(6, counted)
                 if entry.counted == "unbounded":
                     child.setForeground(6, QColor(UNBOUNDED_COLOUR))
                 top.addChild(child)

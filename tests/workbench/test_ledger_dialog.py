@@ -58,6 +58,8 @@ def test_the_ledger_opens_from_the_view_menu_and_states_each_dataset(window, qtb
     assert "no bound on the privacy spent" in cancer.text(0)
     assert cancer.foreground(0).color().name() == UNBOUNDED_COLOUR
     assert cancer.child(1).text(4) == "∞" and cancer.child(1).text(6).startswith("no bound")
+    # a long reason is elided in a narrow dialog: each row's tooltip holds it whole
+    assert cancer.toolTip(0) == cancer.text(0) and cancer.child(1).toolTip(6) == cancer.child(1).text(6)
     dialog.close()
 
 
