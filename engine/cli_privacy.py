@@ -60,7 +60,7 @@ def privacy_dpsgd(sample_rate: float, noise_multiplier: float, steps: int, delta
     if as_json:
         echo_json({"epsilon": eps.value, "delta": eps.delta, "accountant": eps.accountant})
     else:
-        click.echo(f"epsilon = {eps.value:.6g} at delta = {eps.delta:g} ({eps.accountant})"
+        click.echo(f"epsilon = {eps.value:.6g} at delta = {eps.delta:.10g} ({eps.accountant})"
                    + (": this noise bounds nothing; dpw privacy risk shows what an attacker can still not do"
                       if eps.value == math.inf else ""))
 
@@ -371,7 +371,7 @@ def privacy_pate(votes_file: Path, mechanism: str, sigma: float | None, threshol
         lines.append(f"  epsilon (released)          = {rel.epsilon_released:.6g} at order {rel.order:g} "
                      f"(smooth-sensitivity noise, {released.noise})"
                      + ("  — safe to publish" if released.publishable else f"  — NOT publishable: {released.caveat}"))
-    lines.append(f"  delta = {result.delta:g}")
+    lines.append(f"  delta = {result.delta:.10g}")
     click.echo("\n".join(lines))
 
 

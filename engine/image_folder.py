@@ -59,8 +59,18 @@ def _class_files(folder: Path) -> list[tuple[str, list[Path]]]:
 
 
 def _subfolders(folder: Path):
+    """`folder`'s visible sub-folders. A link without a file suffix that leads nowhere is refused (a class
+    folder linked from elsewhere and since moved: left out, its class would silently be missing)."""
+    folders = []
     with os.scandir(folder) as entries:
-        return [Path(e.path) for e in entries if not e.name.startswith(".") and e.is_dir()]
+        for e in entries:
+            if e.name.startswith("."):
+                continue
+            if e.is_dir():
+                folders.append(Path(e.path))
+            elif e.is_symlink() and not os.path.exists(e.path) and not os.path.splitext(e.name)[1]:
+                raise DataError(f"{e.path}: is a link to {os.readlink(e.path)}, which does not exist; remove it")
+    return folders
 
 
 def _image_names(folder: Path):

@@ -328,6 +328,11 @@ def test_a_broken_link_in_a_class_folder_is_refused_naming_its_target(tmp_path):
     link.symlink_to(paths[1])  # a link to an image is an example like any other
     data = load_dataset(tmp_path / "pictures", test_fraction=0.5)
     assert data.num_train + data.num_test == 21
+    moved = tmp_path / "pictures" / "birds"  # a class folder linked from elsewhere, since moved: its class was missing
+    moved.symlink_to(tmp_path / "elsewhere" / "birds")
+    with pytest.raises(DataError, match=rf"{moved}: is a link to {tmp_path / 'elsewhere' / 'birds'}, which does not "
+                                        "exist; remove it$"):
+        load_dataset(tmp_path / "pictures", test_fraction=0.5)
 
 
 def test_an_unreadable_image_is_said_in_plain_words(tmp_path):

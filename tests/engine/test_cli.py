@@ -376,6 +376,13 @@ def test_privacy_pate_names_the_option_it_refuses(tmp_path, option, words):
     assert result.exit_code == 1 and result.output == f"error: {expected}\n"
 
 
+def test_privacy_states_the_delta_it_was_given():
+    """--delta 0.9999999 was printed as delta = 1."""
+    result = CliRunner().invoke(cli, ["privacy", "dpsgd", "--sample-rate", "0.01", "--noise-multiplier", "1",
+                                      "--steps", "100", "--delta", "0.9999999"])
+    assert result.exit_code == 0 and "at delta = 0.9999999 (pld)" in result.output
+
+
 def test_a_command_that_reads_never_creates_a_store_at_a_mistyped_path(tmp_path):
     typo = tmp_path / "typo" / "runs.sqltie"
     for args in (["list"], ["ledger"], ["show", "1"]):
