@@ -84,7 +84,7 @@ _WITHOUT_GUARANTEE = {
     SEEDED_NOISE: (", a debugging setting: anyone who knows the seed can rebuild every noise draw and sampled batch "
                    "and remove them.", "With secret noise"),
     EXACT_STATISTICS: (": those statistics reveal the training data, and the model was trained on features scaled by "
-                       "them.", "With normalization = \"bounds\" or \"dp\" (counted in epsilon)"),
+                       "them.", "Trained with normalization = \"bounds\" or \"dp\" (counted in epsilon)"),
     STOPPED_ON_VOTES: (": how many queries were answered depends on the votes themselves.",
                        "With the budget checked on the data-independent epsilon"),
 }
@@ -278,8 +278,8 @@ def private_data_notice(*, include_votes: bool, include_teacher_stats: bool, inc
     the exact feature statistics a run with normalization = "exact" was trained with (they are the model's)."""
     what = []
     if exact_statistics:
-        what.append("the table's feature mean and standard deviation, computed from the training data without "
-                    "noise (normalization = \"exact\"), which the model ships with")
+        what.append("the table's feature mean and standard deviation (normalization = \"exact\"), which the "
+                    "model ships with")
     if include_audit:
         what.append("a membership-inference audit (the model's losses on training examples against held-out ones, "
                     "and the run's canary audit if it had one)")
