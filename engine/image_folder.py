@@ -68,8 +68,8 @@ def _subfolders(folder: Path):
                 continue
             if e.is_dir():
                 folders.append(Path(e.path))
-            elif e.is_symlink() and not os.path.exists(e.path) and not os.path.splitext(e.name)[1]:
-                raise DataError(f"{e.path}: is a link to {os.readlink(e.path)}, which does not exist; remove it")
+            elif _leads_nowhere(e) and not os.path.splitext(e.name)[1]:
+                raise _broken_link(e)
     return folders
 
 
@@ -83,9 +83,18 @@ def _image_names(folder: Path):
                 continue
             if e.is_file():
                 names.append(e.name)
-            elif e.is_symlink() and not os.path.exists(e.path):
-                raise DataError(f"{e.path}: is a link to {os.readlink(e.path)}, which does not exist; remove it")
+            elif _leads_nowhere(e):
+                raise _broken_link(e)
     return names
+
+
+def _leads_nowhere(entry: os.DirEntry) -> bool:
+    """A link whose target does not exist (moved or deleted)."""
+    return entry.is_symlink() and not os.path.exists(entry.path)
+
+
+def _broken_link(entry: os.DirEntry) -> DataError:
+    return DataError(f"{entry.path}: is a link to {os.readlink(entry.path)}, which does not exist; remove it")
 
 
 class ImageFileRows:

@@ -443,7 +443,7 @@ class _LossReport:
         self.emit = emit
         self.steps_per_epoch = steps_per_epoch
         self.held: tuple | None = None
-        self.left_out = 0  # examples left out so far
+        self.warned_left_out = False  # the first step that leaves examples out says so, once
 
     def hold(self, step: int, batch_size: int, loss_sum: torch.Tensor, left_out: torch.Tensor | None,
              weights_finite: torch.Tensor) -> None:
@@ -459,13 +459,13 @@ class _LossReport:
                 hint="lower the learning_rate",
             )
         left = 0 if left_out is None else int(left_out)
-        if left and not self.left_out:
+        if left and not self.warned_left_out:
+            self.warned_left_out = True
             self.emit("warning", message=f"step {step}: {left} example(s) of the batch had a loss or gradient "
                       "that is not finite (NaN or infinite) and were left out of the step; the guarantee is "
                       "unchanged, but such examples never train the model",
                       hint="check the data for extreme values (or scale the features: normalization, "
                       "feature_bounds), or lower the learning_rate")
-        self.left_out += left
         value = float(loss_sum)
         if batch_size > left and math.isfinite(value):
             self.emit("metric", step=step, epoch=round(step / self.steps_per_epoch, 5), name="train_loss",

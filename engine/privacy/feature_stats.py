@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from engine.privacy.rdp import _SIGMA_FLOOR
+from engine.privacy.rdp import SMALLEST_SQUARABLE_SIGMA
 
 __all__ = ["MIN_STD", "gaussian_rdp", "noisy_moments"]
 
@@ -32,7 +32,7 @@ def gaussian_rdp(*, noise_multiplier: float, orders) -> np.ndarray:
     if not (isinstance(noise_multiplier, (int, float)) and math.isfinite(noise_multiplier) and noise_multiplier > 0):
         raise ValueError(f"noise_multiplier must be a finite number > 0; got {noise_multiplier!r}")
     alphas = np.asarray(orders, dtype=float)
-    if noise_multiplier < _SIGMA_FLOOR:
+    if noise_multiplier < SMALLEST_SQUARABLE_SIGMA:
         return np.full_like(alphas, np.inf)
     with np.errstate(over="ignore"):
         return alphas / (2.0 * float(noise_multiplier) ** 2)

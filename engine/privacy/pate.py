@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-from engine.privacy.rdp import _SIGMA_FLOOR, rdp_to_epsilon
+from engine.privacy.rdp import SMALLEST_SQUARABLE_SIGMA, rdp_to_epsilon
 from engine.privacy.types import Epsilon
 
 __all__ = [
@@ -248,7 +248,7 @@ def _over_sigma_squared(x: np.ndarray, sigma: float) -> np.ndarray:
     """x / sigma^2 (x >= 0), inf where that passes float range, and for sigma < ~1.5e-154, whose
     square is no normal float (it loses precision, then underflows to 0)."""
     x = np.asarray(x, dtype=float)
-    if sigma < _SIGMA_FLOOR:
+    if sigma < SMALLEST_SQUARABLE_SIGMA:
         return np.where(x > 0.0, np.inf, 0.0)
     with np.errstate(over="ignore"):
         return x / sigma**2
@@ -339,7 +339,7 @@ def gnmax_log_q0(*, sigma: float, orders=PATE_ORDERS) -> np.ndarray:
     s = _number("sigma", sigma)
     all_alphas = _orders(orders)
     out = np.full(all_alphas.shape, -np.inf)
-    if s < _SIGMA_FLOOR:
+    if s < SMALLEST_SQUARABLE_SIGMA:
         return out
     with np.errstate(over="ignore"):
         all_ind = _over_sigma_squared(all_alphas, s)

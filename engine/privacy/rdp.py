@@ -64,7 +64,7 @@ _ROUNDOFF = 8.0 * float(np.finfo(float).eps)
 # Below this noise multiplier (~1.5e-154) sigma^2 is no longer a normal float (it loses precision,
 # then underflows to 0) and 1/(2 sigma^2) > 2e307: the RDP of every order is at or beyond float range
 # (log A_alpha grows like alpha (alpha - 1) / (2 sigma^2)), so compute_rdp gives inf outright.
-_SIGMA_FLOOR = math.sqrt(float(np.finfo(float).tiny))
+SMALLEST_SQUARABLE_SIGMA = math.sqrt(float(np.finfo(float).tiny))
 
 
 def compute_rdp(
@@ -93,7 +93,7 @@ def compute_rdp(
 
     if q == 0.0 or t == 0:
         return np.zeros_like(alphas)
-    if sigma < _SIGMA_FLOOR:
+    if sigma < SMALLEST_SQUARABLE_SIGMA:
         return np.full_like(alphas, np.inf)
     if q == 1.0:
         with np.errstate(over="ignore"):
