@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from engine.cli_privacy import RISK_LABEL, check_number, echo_risk_rows, percent, privacy
-from engine.cli_shell import DPWGroup, UserError, db_option, echo_json, fail, open_store
+from engine.cli_shell import DPWGroup, UserError, db_option, echo_json, fail, open_store, open_store_after_check
 from engine.errors import DPWError
 
 
@@ -95,9 +95,8 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
         sys.exit(subprocess.call(launch.command(["--data-dir", config.data_dir] if config.data_dir else [])))
     from engine.precheck import check_before_storing
 
-    store = open_store(db, create=True)
-    store.check_writable()  # a store that cannot take the run says so before the data is loaded
-    check_before_storing(config, checked_before=store.checked_fingerprints(config.dataset))
+    store = open_store_after_check(
+        db, lambda checked: check_before_storing(config, checked_before=checked), dataset=config.dataset)
     run_id = store.create_run(config)
     status = follow_runner(store.path, run_id, as_json=as_json, store=store, launch=launch, summary_follows=True)
     run_row = store.get_run(run_id)

@@ -8,7 +8,7 @@ import os
 import sqlite3
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -90,6 +90,27 @@ def open_store(db: Path | None, *, create: bool = False):
             f"no store at {path.absolute()}: no run was stored there — check the --db path (or $DPW_DB); dpw run "
             "creates the store with its first run")
     return Store(path)
+
+
+def open_store_after_check(db: Path | None, check: Callable[[frozenset[str]], Any], *, dataset: str):
+    """The store a new run goes into, once `check(checked_before)` has passed (checked_before: the
+    fingerprints of `dataset` that the store's runs checked). A store already there is checked
+    writable first, so it says so before the data loads; where no store is yet, only the folder is
+    checked first and the file is created after the check, so a config that cannot train leaves
+    nothing behind."""
+    from engine.store import check_creatable, check_store_path, default_db_path
+
+    path = db or default_db_path()
+    if check_store_path(path):
+        store = open_store(db, create=True)
+        store.check_writable()
+        check(store.checked_fingerprints(dataset))
+        return store
+    check_creatable(path)
+    check(frozenset())
+    store = open_store(db, create=True)
+    store.check_writable()
+    return store
 
 
 

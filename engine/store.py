@@ -219,6 +219,14 @@ def _may_write(path: Path) -> bool:
     return os.access(folder, os.W_OK)
 
 
+def check_creatable(path: Path) -> None:
+    """Refuse, without creating anything, a path where no new store can be made (a read-only folder),
+    so that a command can check its other input before it creates the store file."""
+    if not _may_write(path):
+        raise StoreError(f"cannot create a store at {path.absolute()}: its folder is read-only",
+                         hint="check the --db path")
+
+
 def _connect_read_only(path: Path) -> sqlite3.Connection:
     """A read-only connection. In a read-only folder SQLite cannot create the -shm file a WAL store
     needs; with no -wal content left (every writer closed cleanly) the file is then complete on its
@@ -254,9 +262,10 @@ class Store:
         self._checked = False  # quick_check done before this connection's first write
         exists = check_store_path(self.path)
         self.writable = not readonly and _may_write(self.path)
-        if not exists and not self.writable:
-            raise StoreError(f"no store at {self.path}" if readonly else f"cannot create a store at {self.path}: "
-                             "its folder is read-only", hint="check the --db path")
+        if not exists and readonly:
+            raise StoreError(f"no store at {self.path}", hint="check the --db path")
+        if not exists:
+            check_creatable(self.path)
         try:
             if self.writable:
                 self.path.parent.mkdir(parents=True, exist_ok=True)

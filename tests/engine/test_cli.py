@@ -246,7 +246,19 @@ def test_config_that_cannot_train_prints_one_line_and_stores_no_run(tmp_path, co
     assert ran.stderr.startswith("error: ") and "Traceback" not in ran.stderr
     for word in words:
         assert word in ran.stderr
-    assert stored_runs(db) == []
+    assert not db.exists()  # no store file either: the check runs before a new store is created
+
+
+def test_config_that_cannot_train_stores_no_run_in_an_existing_store(tmp_path):
+    from engine.store import Store
+
+    db = tmp_path / "r.sqlite"
+    Store(db)
+    config = tmp_path / "bad.toml"
+    config.write_text('dataset = "digits"\nnoise_multiplier = 1.1\ndelta = 0.01\n')
+    ran = dpw("run", str(config), "--db", str(db))
+    assert ran.returncode == 1 and "delta: 0.01 is not below 1/N" in ran.stderr
+    assert db.exists() and stored_runs(db) == []
 
 
 def test_missing_mnist_offline_says_which_files_go_where_and_stores_no_run(tmp_path):
