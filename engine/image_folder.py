@@ -9,7 +9,8 @@ tif, tiff, webp) is one example. Hidden files and folders (a leading '.', e.g. t
 files macOS leaves on other disks) are left out; a link to a file that does not exist is refused.
 Only the file list and the labels are held in memory: a training step decodes exactly the images its
 Poisson sample drew (`ImageFileRows`), so the folder may be far larger than memory. All images must
-have one size, at most MAX_PIXELS (every file's header is checked at load); the colour mode is the
+have one size, at most MAX_PIXELS (every file's header is checked at load, and that it is whole: see
+ENDINGS); the colour mode is the
 first image's (grayscale "L" or "RGB"), and every image is converted to it. 16-bit grayscale images
 are scaled by value / 65535 (a folder of them reads as float32 in [0, 1]); 32-bit integer and float
 images, which have no fixed range, are refused.
@@ -38,6 +39,11 @@ MAX_PIXELS = 1024 * 1024 * 1024 // 4 // 3
 """An image's largest width x height (89 million pixels): Pillow's own limit against decompression
 bombs, checked here from the header so that the refusal can name the size."""
 SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+ENDINGS = {"PNG": b"IEND\xaeB`\x82", "JPEG": b"\xff\xd9", "GIF": b";"}
+"""How a whole file of each format ends. At load, a file that ends so is taken as whole; any other
+(a format without a fixed end, or a file cut short, e.g. by an interrupted copy) is decoded to find
+out. A file cut short would otherwise be refused only when a step drew it: the run would stop there,
+at a point set by that one example, with privacy spent on an unfinished model."""
 
 _PILLOW_LIMIT_LOCK = threading.Lock()  # held while Image.MAX_IMAGE_PIXELS (a module global) is lifted
 
@@ -161,11 +167,7 @@ class ImageFileRows:
     def _pixels(self, path: Path, image) -> np.ndarray:
         """`image` decoded as (C, H, W) in the folder's colour mode and dtype. A 16-bit image is
         value / 65535 (convert("L") clips every value above 255), rounded to 256 levels in a uint8 folder."""
-        try:
-            image.load()
-        except OSError:
-            raise DataError(f"{path}: cannot be read as an image (a {image.format} file cut short or damaged); "
-                            "remove or replace the file") from None
+        _decode(path, image)
         if image.mode in SIXTEEN_BIT_MODES:
             unit = np.asarray(image, dtype=np.float32)[None] / 65535
             pixels = np.repeat(unit, 3, axis=0) if self.mode == "RGB" else unit
@@ -175,10 +177,10 @@ class ImageFileRows:
         return pixels if self.dtype == np.uint8 else pixels / np.float32(255)
 
     def check_every_row(self) -> None:
-        """Refuse the folder before training if a file is not an image or has another size: said at
-        load, no privacy is spent on a run that a step would stop. Only each file's header is read
-        (its pixels are decoded when a step draws it; a file damaged past its header fails then).
-        Done once: `checked_fingerprint` checks while it hashes."""
+        """Refuse the folder before training if a file is not an image, has another size or is cut
+        short: said at load, no privacy is spent on a run that a step would stop. Each file's header
+        and end are read (ENDINGS); its pixels are decoded when a step draws it, so a file damaged in
+        between, not cut short, still fails then. Done once: `checked_fingerprint` checks while it hashes."""
         if self._checked:
             return
         problems: list[DataError] = []
@@ -216,6 +218,9 @@ class ImageFileRows:
         try:
             with self._open(path, head=head) as image:
                 self._check_size(path, image)
+                ending = ENDINGS.get(image.format)
+                if ending is None or not _ends_with(path, head, ending):
+                    _decode(path, image)
         except DataError as problem:
             problems.append(problem)
 
@@ -223,6 +228,25 @@ class ImageFileRows:
         if problems:
             raise _refused(problems, self.name)
         self._checked = True
+
+
+def _ends_with(path: Path, whole: bytes | None, ending: bytes) -> bool:
+    """Whether the file ends with `ending`: `whole` is its bytes when already read, None to read its end."""
+    if whole is not None:
+        return whole.endswith(ending)
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - len(ending)))
+        return f.read() == ending
+
+
+def _decode(path: Path, image) -> None:
+    """Decode `image`'s pixels (Pillow decodes lazily), refusing a file damaged past its header."""
+    try:
+        image.load()
+    except (OSError, ValueError, EOFError, SyntaxError):
+        raise DataError(f"{path}: cannot be read as an image (a {image.format} file cut short or damaged); "
+                        "remove or replace the file") from None
 
 
 def _refusal(image) -> str | None:

@@ -349,8 +349,38 @@ def test_an_unreadable_image_is_said_in_plain_words(tmp_path):
         with pytest.raises(DataError) as refused:
             load_dataset(tmp_path / "pictures", test_fraction=0.5)
         assert str(refused.value) == f"{paths[2]}: cannot be read as an image ({why}); remove or replace the file"
-    # Cut short after its header: the load's check reads headers only; the step that draws it says so.
+
+def test_an_image_cut_short_after_its_header_is_refused_at_load(tmp_path):
+    """It passed the load's check of headers and stopped the run at the step that first drew it: at a
+    point set by that one example, with privacy spent on an unfinished model."""
+    from PIL import Image
+
+    x, y = _images(20, classes=2, size=8)
+    paths = _image_folder(tmp_path / "pictures", x, y)
+    whole = paths[2].read_bytes()
+    pixels_start = whole.index(b"IDAT") + 8
+    cut_short = rf"^{re.escape(str(paths[2]))}: cannot be read as an image \(a PNG file cut short or damaged\);"
     paths[2].write_bytes(whole[:pixels_start + 4])
+    with pytest.raises(DataError, match=cut_short):
+        load_dataset(tmp_path / "pictures", test_fraction=0.5)
+    with pytest.raises(DataError, match=cut_short):  # checked again, as for a folder whose fingerprint changed
+        load_dataset(tmp_path / "pictures", test_fraction=0.5, checked_before={"another-fingerprint"})
+    # Formats without a fixed end are decoded at load; JPEG and GIF are checked by their end, like PNG.
+    for suffix in (".bmp", ".tif", ".jpg", ".gif", ".webp"):
+        paths[2].unlink()
+        paths[2] = paths[2].with_suffix(suffix)
+        Image.fromarray(x[2, 0]).save(paths[2])
+        load_dataset(tmp_path / "pictures", test_fraction=0.5)
+        paths[2].write_bytes(paths[2].read_bytes()[:-3])
+        with pytest.raises(DataError, match=rf"{re.escape(str(paths[2]))}: cannot be read as an image \(a "
+                                            r"\w+ file cut short or damaged\)"):
+            load_dataset(tmp_path / "pictures", test_fraction=0.5)
+    # Damaged in between, its end intact: found only by decoding, which a step does (said there, as before).
+    damaged = bytearray(whole)
+    damaged[pixels_start + 2:pixels_start + 10] = b"\xff" * 8
+    paths[2].unlink()
+    paths[2] = paths[2].with_suffix(".png")
+    paths[2].write_bytes(bytes(damaged))
     source = load_dataset(tmp_path / "pictures", test_fraction=0.5).x_train.source
     with pytest.raises(DataError, match=rf"^{re.escape(str(paths[2]))}: cannot be read as an image \(a PNG file cut "
                                         r"short or damaged\);"):
