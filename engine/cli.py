@@ -558,8 +558,8 @@ def list_runs(db: Path | None, as_json: bool, deleted: bool) -> None:
     click.echo(tabulate(rows, headers="keys", floatfmt=".4g", missingval="-"))
 
 
-DELETED_FIELDS = ("id", "name", "mechanism", "dataset", "status", "epsilon", "delta", "accountant", "deleted",
-                  "tags", "notes")
+DELETED_FIELDS = ("id", "name", "mechanism", "dataset", "status", "epsilon", "delta", "accountant", "no_guarantee",
+                  "deleted", "tags", "notes")
 
 
 def list_deleted(store, *, as_json: bool) -> None:
@@ -573,9 +573,13 @@ def list_deleted(store, *, as_json: bool) -> None:
         return
     from tabulate import tabulate
 
+    from engine.publication import NO_GUARANTEE
+
     for r in rows:
         r["tags"] = ", ".join(r["tags"]) or None
         r["deleted"] = (r["deleted"] or "")[:16].replace("T", " ") or None
+        if r.pop("no_guarantee") and r["epsilon"] is not None:
+            r["epsilon"] = f"{r['epsilon']:.4g} ({NO_GUARANTEE})"
     click.echo(tabulate(rows, headers="keys", floatfmt=".4g", missingval="-"))
 
 

@@ -170,12 +170,16 @@ def _study_score(run: dict[str, Any]) -> tuple[SubsampledGaussian, ...]:
 
 
 def deleted_entry(record: dict[str, Any]) -> LedgerEntry:
-    """How a deleted run counts: the (epsilon, delta) kept when it was deleted (its steps are gone)."""
+    """How a deleted run counts: the (epsilon, delta) kept when it was deleted (its steps are gone);
+    one that carried no guarantee, or trained without privacy, leaves the data's spend unbounded."""
     common = dict(run_id=record["id"], name=record.get("name"), mechanism=record.get("mechanism"),
                   status=record.get("status"), deleted=True)
     if record.get("mechanism") == "none" and record.get("status") != "queued":
         return LedgerEntry(**common, epsilon=math.inf, delta=None, accountant=None, counted="unbounded",
                            why="trained without privacy (deleted)")
+    if record.get("no_guarantee") and record.get("status") != "queued":
+        return LedgerEntry(**common, epsilon=None, delta=None, accountant=None, counted="unbounded",
+                           why=f"{record['no_guarantee']} (deleted)")
     if record.get("epsilon") is None:
         return LedgerEntry(**common, epsilon=None, delta=None, accountant=None, counted="none",
                            why="nothing accounted")

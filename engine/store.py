@@ -29,10 +29,10 @@ import sqlite_utils
 
 from engine.errors import DPWError, StoreError, explain, recover_hint
 from engine.events import loads, to_json_safe
-from engine.publication import run_epsilon
+from engine.publication import no_guarantee_reason, run_epsilon
 from engine.store_files import abandon, empty_old_wal, replaced, store_files
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 STATUSES = ("queued", "running", "finished", "stopped", "failed")
 BUSY_TIMEOUT_S = 120  # a writer waits this long for another's write lock (a backup, an sqlite3 shell)
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -155,7 +155,14 @@ def _migration_6(db: sqlite_utils.Database) -> None:
     _add_column(db, "runs", "steps_resumed", "INTEGER")
 
 
-MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6]
+def _migration_7(db: sqlite_utils.Database) -> None:
+    # Why a deleted run carried no guarantee (publication.no_guarantee_reason), if it carried none:
+    # the ledger keeps saying that nothing bounds the data's spend once the run is gone. Runs
+    # deleted before this version have none recorded.
+    _add_column(db, "deleted_runs", "no_guarantee")
+
+
+MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5, _migration_6, _migration_7]
 RUN_COLUMNS_NEEDED = {"id", "name", "status", "config"}  # a `runs` table without these is not ours
 
 
@@ -443,7 +450,7 @@ class Store:
         spent = run_epsilon(run)  # the run's own privacy spent (PATE: its publishable epsilon, not the dd one)
         record = {**{k: run.get(k) for k in keep}, "epsilon": spent.value, "delta": spent.delta,
                   "accountant": spent.accountant, "tags": ", ".join(run.get("tags") or []) or None,
-                  "deleted": now_iso()}
+                  "no_guarantee": no_guarantee_reason(run), "deleted": now_iso()}
         with self._write() as conn:
             self.db["deleted_runs"].insert(record, replace=True)
             for table in RUN_TABLES:

@@ -135,6 +135,29 @@ def test_dpw_ledger_on_a_real_store_with_a_deleted_run(tmp_path):
     assert missing.exit_code != 0 and "no runs on dataset 'mnist'" in missing.output
 
 
+def test_deleting_a_run_without_a_guarantee_leaves_the_ledger_unbounded(tmp_path):
+    """A run whose noise is reproducible from its seed bounds nothing; once deleted, its record kept
+    only its epsilon, which the ledger then added as if it held ("together (ε = ...)-DP")."""
+    from test_export_paths import train_in_store
+
+    store = Store(tmp_path / "runs.sqlite")
+    settings = dict(dataset="digits", noise_multiplier=1.0, expected_batch_size=64, epochs=1, learning_rate=0.5)
+    train_in_store(store, name="secret", **settings)
+    seeded = train_in_store(store, name="seeded", reproducible_noise=True, **settings)
+    assert CliRunner().invoke(cli, ["delete", str(seeded), "--db", str(store.path), "--yes"]).exit_code == 0
+
+    out = CliRunner().invoke(cli, ["ledger", "--db", str(store.path), "--json"])
+    (ledger,) = json.loads(out.output)
+    assert not ledger["bounded"] and ledger["epsilon"] is None
+    assert "no bound on the privacy spent (run 2: the noise is reproducible" in ledger["statement"]
+    assert ledger["statement"].endswith("(deleted))")
+    assert [(r["id"], r["counted"]) for r in ledger["runs"]] == [(1, "composed"), (seeded, "unbounded")]
+    listed = CliRunner().invoke(cli, ["list", "--deleted", "--db", str(store.path)])
+    assert listed.exit_code == 0 and "(no guarantee)" in listed.output, listed.output
+    (record,) = json.loads(CliRunner().invoke(cli, ["list", "--deleted", "--db", str(store.path), "--json"]).output)
+    assert record["no_guarantee"].startswith("the noise is reproducible from the published seed")
+
+
 def test_an_infinite_epsilon_is_unbounded_and_strict_json(tmp_path):
     """A run of epsilon inf (a noise multiplier far too small): the ledger says it has no finite
     bound ("bounded": false, epsilon null), and every --json output is strict JSON ("Infinity")."""

@@ -168,7 +168,7 @@ def test_a_version_1_store_is_migrated_with_its_runs(tmp_path):
     path = tmp_path / "old.sqlite"
     older_store(path, 1, runs=[{"id": 7, "name": "old", "status": "finished", "config": "{}"}])
     store = Store(path)
-    assert store.schema_version == SCHEMA_VERSION == 6
+    assert store.schema_version == SCHEMA_VERSION == 7
     assert store.get_run(7)["name"] == "old"
     store.delete_run(7)
     assert store.create_run(RunConfig(name="new", noise_multiplier=1.0)) == 8
@@ -492,10 +492,10 @@ def test_a_schema_3_store_gains_tags_and_notes_and_keeps_its_runs_and_records(tm
     older_store(path, 3, runs=[{"id": 5, "name": "old", "status": "finished", "config": "{}", "epsilon": 1.5}],
                 deleted_runs=[{"id": 4, "name": "gone", "epsilon": 0.9, "deleted": "2026-01-01T00:00:00"}])
     store = Store(path)
-    assert store.schema_version == SCHEMA_VERSION == 6
+    assert store.schema_version == SCHEMA_VERSION == 7
     (run,) = store.list_runs()
     assert run["name"] == "old" and run["tags"] == [] and run["notes"] is None
-    assert [(r["id"], r["epsilon"], r["tags"]) for r in store.deleted_runs()] == [(4, 0.9, [])]
+    assert [(r["id"], r["epsilon"], r["tags"], r["no_guarantee"]) for r in store.deleted_runs()] == [(4, 0.9, [], None)]
     assert store.add_tags(5, ["kept"]) == ["kept"]
 
 
