@@ -19,6 +19,7 @@ The train/test split is a seeded, stratified split of the files (engine.datasets
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import threading
@@ -100,6 +101,11 @@ def _leads_nowhere(entry: os.DirEntry) -> bool:
 
 
 def _broken_link(entry: os.DirEntry) -> DataError:
+    try:
+        os.stat(entry.path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return DataError(f"{entry.path}: is a link in a loop of links that never reaches a file; remove it")
     return DataError(f"{entry.path}: is a link to {os.readlink(entry.path)}, which does not exist; remove it")
 
 
