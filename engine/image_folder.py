@@ -73,10 +73,11 @@ def _subfolders(folder: Path):
         for e in entries:
             if e.name.startswith("."):
                 continue
-            if e.is_dir():
+            if _leads_nowhere(e):  # asked first: is_dir() raises on a loop of links
+                if not os.path.splitext(e.name)[1]:
+                    raise _broken_link(e)
+            elif e.is_dir():
                 folders.append(Path(e.path))
-            elif _leads_nowhere(e) and not os.path.splitext(e.name)[1]:
-                raise _broken_link(e)
     return folders
 
 
@@ -88,10 +89,10 @@ def _image_names(folder: Path):
         for e in entries:
             if e.name.startswith(".") or os.path.splitext(e.name)[1].lower() not in IMAGE_SUFFIXES:
                 continue
+            if _leads_nowhere(e):  # asked first: is_file() raises on a loop of links
+                raise _broken_link(e)
             if e.is_file():
                 names.append(e.name)
-            elif _leads_nowhere(e):
-                raise _broken_link(e)
     return names
 
 

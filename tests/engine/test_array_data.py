@@ -325,13 +325,18 @@ def test_a_broken_link_in_a_class_folder_is_refused_naming_its_target(tmp_path):
                                         "remove it$"):
         load_dataset(tmp_path / "pictures", test_fraction=0.5)
     link.unlink()
-    loop = paths[0].parent / "loop.png"  # a loop of links read "does not exist"
+    loop = paths[0].parent / "loop.png"  # a loop of links was a traceback (OSError: too many levels of links)
     link.symlink_to(loop)
     loop.symlink_to(link)
     with pytest.raises(DataError, match=r"(link|loop)\.png: is a link in a loop of links that never reaches a file"):
         load_dataset(tmp_path / "pictures", test_fraction=0.5)
     link.unlink()
     loop.unlink()
+    looped = tmp_path / "pictures" / "looped"  # a class folder that is a loop of links
+    looped.symlink_to(tmp_path / "pictures" / "looped")
+    with pytest.raises(DataError, match=r"looped: is a link in a loop of links that never reaches a file"):
+        load_dataset(tmp_path / "pictures", test_fraction=0.5)
+    looped.unlink()
     link.symlink_to(paths[1])  # a link to an image is an example like any other
     data = load_dataset(tmp_path / "pictures", test_fraction=0.5)
     assert data.num_train + data.num_test == 21
