@@ -72,11 +72,52 @@ class StopRequested(Exception):
     """A stop arrived during interruptible work (StopFlag.interruptible)."""
 
 
+ARTIFACTS_OWNER = ".store"  # in a store's artifacts folder: the name of the store file it belongs to
+
+
 def artifacts_dir(store: Store, run_id: int) -> Path:
-    """Where a run's saved models go: beside the store, in a folder named after it, so two stores in one
-    folder never write to the same run-N (the default runs.sqlite keeps its plain `artifacts` folder)."""
-    folder = "artifacts" if store.path.stem == "runs" else f"{store.path.stem}-artifacts"
-    return store.path.parent / folder / f"run-{run_id}"
+    """Where a run's saved model and checkpoint go: in its store's artifacts folder (`artifacts_root`)."""
+    return artifacts_root(store) / f"run-{run_id}"
+
+
+def artifacts_root(store: Store) -> Path:
+    """A store's artifacts folder: beside it and named after it (the default runs.sqlite keeps its
+    plain `artifacts` folder). Stores whose names share a stem (runs.sqlite, runs.db) would share that
+    folder, and so each other's run-N: one that another store has claimed (`claim_artifacts`) is left
+    to it, and this store uses a folder named after its whole file name."""
+    shared = store.path.parent / ("artifacts" if store.path.stem == "runs" else f"{store.path.stem}-artifacts")
+    owner = _artifacts_owner(shared)
+    if owner is None or owner == store.path.name:
+        return shared
+    return store.path.parent / f"{store.path.name}-artifacts"
+
+
+def claim_artifacts(store: Store) -> Path:
+    """Mark the store's artifacts folder as its own before a run writes there (ARTIFACTS_OWNER, created
+    exclusively: of two stores claiming one folder at once, one gets it and the other its own)."""
+    for _ in range(2):
+        root = artifacts_root(store)
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(root / ARTIFACTS_OWNER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            if _artifacts_owner(root) == store.path.name:
+                return root
+            continue  # claimed by another store a moment ago: artifacts_root now gives this store's own
+        with os.fdopen(fd, "w") as f:
+            f.write(store.path.name + "\n")
+        return root
+    raise DPWError(f"cannot claim an artifacts folder for {store.path} beside it",
+                   hint=f"check the folders named {store.path.stem}-artifacts and {store.path.name}-artifacts")
+
+
+def _artifacts_owner(folder: Path) -> str | None:
+    """The store file name an artifacts folder was claimed for; None when unclaimed (or written before
+    folders were claimed)."""
+    try:
+        return (folder / ARTIFACTS_OWNER).read_text().strip() or None
+    except (FileNotFoundError, NotADirectoryError):
+        return None
 
 
 def remove_run(store: Store, run_id: int) -> dict:
@@ -110,6 +151,9 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
     phase = "reading the config"
     prepared = result = None
     try:
+        phase = "claiming the artifacts folder"
+        claim_artifacts(store)
+        phase = "reading the config"
         config = RunConfig.from_dict(run["config"])
         resume = parent = None
         if run.get("resumed_from") is not None:

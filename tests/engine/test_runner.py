@@ -311,6 +311,32 @@ def test_two_stores_in_one_folder_keep_their_models_apart(tmp_path):
     assert artifacts_dir(other, 1) == tmp_path / "trial-artifacts" / "run-1"
 
 
+def test_stores_whose_names_share_a_stem_keep_their_models_apart(tmp_path):
+    """runs.sqlite and runs.db both wrote to artifacts/run-1: each overwrote the other's model, and
+    `dpw delete 1` in one deleted the other's files (and a resume could read its checkpoint)."""
+    from click.testing import CliRunner
+
+    from engine.cli import cli
+
+    first, second = Store(tmp_path / "runs.sqlite"), Store(tmp_path / "runs.db")
+    settings = dict(name="tiny", dataset="digits", noise_multiplier=1.0, expected_batch_size=64, epochs=1,
+                    learning_rate=0.5)
+    models = {}
+    for store in (first, second):
+        run_id = store.create_run(RunConfig(**settings))
+        proc = start_runner(store.path, run_id)
+        assert proc.communicate(timeout=300)[0] and proc.returncode == 0
+        (artifact,) = store.artifacts(run_id)
+        models[store.path.name] = (Path(artifact["path"]), artifact["sha256"])
+    assert models["runs.sqlite"][0] == tmp_path / "artifacts" / "run-1" / "model.pt"
+    assert models["runs.db"][0] == tmp_path / "runs.db-artifacts" / "run-1" / "model.pt"
+    assert (tmp_path / "artifacts" / ".store").read_text() == "runs.sqlite\n"
+    deleted = CliRunner().invoke(cli, ["delete", "1", "--db", str(second.path), "--yes"])
+    assert deleted.exit_code == 0 and not (tmp_path / "runs.db-artifacts" / "run-1").exists()
+    path, digest = models["runs.sqlite"]
+    assert sha256_of(path) == digest  # the other store's model is untouched
+
+
 def test_a_stop_during_the_audit_after_training_ends_it_at_once_and_keeps_the_run_finished(tmp_path):
     """The runner's membership audit runs after the run is finished: SIGTERM (the window closing,
     Ctrl-C) abandons it at once instead of waiting for it, and leaves the run finished, its privacy
