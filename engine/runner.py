@@ -97,7 +97,12 @@ def claim_artifacts(store: Store) -> Path:
     exclusively: of two stores claiming one folder at once, one gets it and the other its own)."""
     for _ in range(2):
         root = artifacts_root(store)
-        root.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DPWError(f"cannot create the folder for the run's saved model and checkpoint, {root}: "
+                           f"{exc.strerror.lower() if exc.strerror else exc}",
+                           hint="move what is at that path away, or use a --db path in another folder") from None
         try:
             fd = os.open(root / ARTIFACTS_OWNER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:

@@ -207,7 +207,8 @@ def test_a_run_on_data_that_changed_since_is_not_continued(tmp_path):
 
 def test_a_checkpoint_that_cannot_be_written_is_said_once_and_the_run_trains_on(tmp_path):
     store = Store(tmp_path / "runs.sqlite")
-    (tmp_path / "artifacts").write_text("a file where the runs' folders would go")
+    (tmp_path / "artifacts").mkdir()
+    (tmp_path / "artifacts" / "run-1").write_text("a file where the run's folder would go")
     run_id = store.create_run(RunConfig(**DIGITS))
     assert execute(store, run_id, stream=None) == "failed"  # its model cannot be saved either
     run = store.get_run(run_id)
@@ -215,6 +216,16 @@ def test_a_checkpoint_that_cannot_be_written_is_said_once_and_the_run_trains_on(
     warnings = [e["message"] for e in store.events(run_id) if e["type"] == "warning"]
     assert len([w for w in warnings if w.startswith("no checkpoint kept")]) == 1
     assert "cannot be continued with dpw resume" in warnings[0]
+
+
+def test_a_store_whose_artifacts_folder_cannot_be_made_fails_its_run_before_any_step(tmp_path):
+    store = Store(tmp_path / "runs.sqlite")
+    (tmp_path / "artifacts").write_text("a file where the runs' folders would go")
+    run_id = store.create_run(RunConfig(**DIGITS))
+    assert execute(store, run_id, stream=None) == "failed"
+    run = store.get_run(run_id)
+    assert not run["steps_done"] and run["epsilon"] is None
+    assert f"cannot create the folder for the run's saved model and checkpoint, {tmp_path / 'artifacts'}" in run["error"]
 
 
 def test_a_run_that_kept_no_checkpoint_is_not_continued(tmp_path):
