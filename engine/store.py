@@ -422,7 +422,10 @@ class Store:
             return self.db["runs"].insert(row).last_pk
 
     def continued_by(self, run_id: int) -> list[int]:
-        """The runs that continue `run_id` from its checkpoint (engine.checkpoint)."""
+        """The runs that continue `run_id` from its checkpoint (engine.checkpoint); none in a read-only
+        store older than continuing (schema 6), which is read as it is."""
+        if "resumed_from" not in self.db["runs"].columns_dict:
+            return []
         return [row[0] for row in self.db.conn.execute("select id from runs where resumed_from = ? order by id",
                                                         [run_id])]
 

@@ -477,14 +477,14 @@ def test_a_deleted_run_keeps_its_privacy_spent_tags_and_notes(store):
     assert store.db.conn.execute("select count(*) from run_tags where run_id = ?", [run_id]).fetchone()[0] == 0
 
 
-def test_a_deleted_pate_run_keeps_its_publishable_epsilon_not_the_data_dependent_one(store):
+def test_a_deleted_pate_run_keeps_its_guarantee_not_the_data_dependent_epsilon_nor_its_estimate(store):
     run_id = store.create_run(RunConfig(name="pate", mechanism="pate", noise_multiplier=1.0))
     store.update_run(run_id, status="finished", epsilon=3.0, delta=1e-5, accountant="pate-di",
                      summary={"epsilon_data_independent": 3.0, "epsilon_released": 2.2,
                               "epsilon_data_dependent": 0.4, "delta": 1e-5})
     store.delete_run(run_id)
     [record] = store.deleted_runs()
-    assert (record["epsilon"], record["accountant"]) == (2.2, "pate-released")
+    assert (record["epsilon"], record["accountant"]) == (3.0, "pate-di")
 
 
 def test_a_schema_3_store_gains_tags_and_notes_and_keeps_its_runs_and_records(tmp_path):
@@ -512,6 +512,26 @@ def test_a_read_only_schema_3_store_lists_runs_without_tags(tmp_path):
     (run,) = reader.list_runs()
     assert run["id"] == run_id and run["tags"] == [] and run["notes"] is None
     assert reader.get_run(run_id)["tags"] == []
+
+
+def test_a_read_only_store_older_than_continuing_shows_its_runs(tmp_path, capsys):
+    """`dpw show` on a read-only schema-5 store (it cannot be upgraded) was a traceback: "no such
+    column: resumed_from"."""
+    from engine.cli import print_summary
+
+    path = tmp_path / "runs.sqlite"
+    run_id = Store(path).create_run(RunConfig(name="older", noise_multiplier=1.0))
+    raw = sqlite3.connect(path)
+    for column in ("resumed_from", "steps_resumed"):
+        raw.execute(f"alter table runs drop column {column}")
+    raw.execute("PRAGMA user_version = 5")
+    raw.commit()
+    raw.close()
+    reader = Store(path, readonly=True)
+    assert reader.schema_version == 5 and reader.continued_by(run_id) == []
+    reader.update_run = None  # nothing may be written to it
+    print_summary({**reader.get_run(run_id), "status": "failed", "steps_done": 3}, store=reader)
+    assert f"run {run_id} (older): failed" in capsys.readouterr().out
 
 
 def test_a_running_run_states_its_accountants_latest_value_not_the_live_bound(store):
