@@ -191,6 +191,9 @@ def check_store_path(path: Path) -> bool:
             break
     if not path.exists():
         return False
+    if not path.is_file():  # opening a FIFO to read its header would wait for a writer for ever
+        raise StoreError(f"{path} is not a regular file, so it cannot be a store",
+                         hint="check the --db path (it was left unchanged)")
     try:
         with open(path, "rb") as f:
             header = f.read(len(SQLITE_HEADER))

@@ -360,6 +360,15 @@ def test_a_path_under_a_file_or_a_folder_is_refused(tmp_path):
         Store(tmp_path)
 
 
+def test_a_fifo_at_the_store_path_is_refused_at_once(tmp_path):
+    """Reading its header waited for a writer for ever: `dpw list` hung."""
+    fifo = tmp_path / "runs.sqlite"
+    os.mkfifo(fifo)
+    listed = subprocess.run([sys.executable, "-m", "engine.cli", "list", "--db", str(fifo)], capture_output=True,
+                            text=True, timeout=60)
+    assert listed.returncode == 1 and f"{fifo} is not a regular file, so it cannot be a store" in listed.stderr
+
+
 def test_a_damaged_store_is_never_written(tmp_path):
     path = tmp_path / "runs.sqlite"
     store = Store(path)
