@@ -102,28 +102,45 @@ def resume_problem(parent: dict[str, Any]) -> str | None:
     return None
 
 
-def resume_refusal(run: dict[str, Any], *, continued_by: list[int], checkpoint: Path) -> CannotResume | None:
+def resume_refusal(run: dict[str, Any], *, continued_by: list[dict[str, Any]], checkpoint: Path
+                   ) -> CannotResume | None:
     """Why `dpw resume` (the window's Continue run) cannot take `run`, None when it can: the kind of
-    run, continued already (`continued_by`: the runs that continue it), or no checkpoint at `checkpoint`."""
+    run, a continuation in the way (`continued_by`: those of `in_the_way`), or no checkpoint at `checkpoint`."""
     problem = resume_problem(run)
     if problem:
         return CannotResume(problem, hint="start a new run instead")
     ref = f"run {run['id']}"
     if continued_by:
-        return CannotResume(f"{ref} was already continued by run {continued_by[-1]}: continuing it again "
-                            "would spend privacy on the same steps twice",
-                            hint=f"continue run {continued_by[-1]} instead")
+        later = continued_by[-1]
+        if later.get("status") in ("queued", "running"):
+            return CannotResume(f"{ref} is being continued by run {later['id']} ({later['status']})",
+                                hint=f"wait for run {later['id']} to end")
+        return CannotResume(f"{ref} was already continued by run {later['id']} ({later.get('status')}), which "
+                            "holds its later steps", hint=f"continue run {later['id']} instead, or start a new run")
     if not checkpoint.is_file():
         return CannotResume(f"{ref} kept no checkpoint (it ended before its first one was written)",
                             hint="start a new run instead")
     return None
 
 
-def can_continue(run: dict[str, Any], *, store: Any, continued_by: list[int]) -> bool:
-    """Whether `dpw resume` can take `run` (resume_refusal), its checkpoint looked for in `store`'s folder."""
+def in_the_way(continuations: list[dict[str, Any]], *, store: Any) -> list[dict[str, Any]]:
+    """Of the runs that continue a run (store rows), those a new continuation of it would compete with:
+    one queued or running, one that finished its training, one that kept a checkpoint (continuing it
+    goes further). One that was stopped or failed before its first checkpoint is not in the way: the
+    steps it took are counted as its own in the ledger, and it left nothing to continue from."""
     from engine.runner import checkpoint_of
 
-    return resume_refusal(run, continued_by=continued_by, checkpoint=checkpoint_of(store, run["id"])) is None
+    return [c for c in continuations
+            if c.get("status") in ("queued", "running", "finished") or checkpoint_of(store, c["id"]).is_file()]
+
+
+def can_continue(run: dict[str, Any], *, store: Any, continuations: list[dict[str, Any]]) -> bool:
+    """Whether `dpw resume` can take `run` (resume_refusal), given the runs that continue it, its
+    checkpoint looked for in `store`'s folder."""
+    from engine.runner import checkpoint_of
+
+    return resume_refusal(run, continued_by=in_the_way(continuations, store=store),
+                          checkpoint=checkpoint_of(store, run["id"])) is None
 
 
 def _to_cpu(value: Any) -> Any:

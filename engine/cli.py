@@ -483,7 +483,8 @@ def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = Fals
 def continuable(store: Any, run_row: dict[str, Any]) -> bool:
     from engine.checkpoint import can_continue
 
-    return can_continue(run_row, store=store, continued_by=store.continued_by(run_row["id"]))
+    return can_continue(run_row, store=store,
+                        continuations=[store.get_run(i) for i in store.continued_by(run_row["id"])])
 
 
 def membership_line(summary: dict[str, Any], run_id: int) -> str | None:

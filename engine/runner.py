@@ -28,7 +28,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from engine.checkpoint import CHECKPOINT_FILE, CannotResume, load_checkpoint, resume_refusal
+from engine.checkpoint import CHECKPOINT_FILE, CannotResume, in_the_way, load_checkpoint, resume_refusal
 from engine.config import RunConfig
 from engine.errors import DPWError, explain
 from engine.events import EventWriter
@@ -207,8 +207,9 @@ def resumable(store: Store, parent_id: int, *, for_run: int | None = None) -> di
     (by a run other than `for_run`), a checkpoint kept. Reads no checkpoint (no torch): `dpw resume` and
     the window ask this before they store a run; the runner asks again and then loads the checkpoint."""
     parent = store.get_run(parent_id)
-    later = [i for i in store.continued_by(parent_id) if i != for_run]
-    refusal = resume_refusal(parent, continued_by=later, checkpoint=checkpoint_of(store, parent_id))
+    later = [store.get_run(i) for i in store.continued_by(parent_id) if i != for_run]
+    refusal = resume_refusal(parent, continued_by=in_the_way(later, store=store),
+                             checkpoint=checkpoint_of(store, parent_id))
     if refusal is not None:
         raise refusal
     return parent

@@ -558,9 +558,9 @@ class MainWindow(QMainWindow):
     def _continuable(self, row: dict[str, Any] | None) -> bool:
         if row is None:
             return False
-        continued_by = [r["id"] for r in self.runs_model.rows if r.get("resumed_from") == row["id"]]
+        continuations = [r for r in self.runs_model.rows if r.get("resumed_from") == row["id"]]
         try:
-            return can_continue(row, store=self.store, continued_by=continued_by)
+            return can_continue(row, store=self.store, continuations=continuations)
         except OSError:
             return False
 

@@ -170,6 +170,24 @@ def test_dpw_resume_continues_a_killed_runner_from_its_last_checkpoint_once(tmp_
     assert len(Store(db).list_runs()) == 2  # nothing stored
 
 
+def test_a_continuation_that_ended_before_its_first_checkpoint_leaves_its_run_continuable(tmp_path):
+    """A `dpw resume` killed before its first checkpoint (or one of two started at once) blocked its run
+    for good, saying continuing again "would spend privacy on the same steps twice"."""
+    from engine.runner import resumable
+
+    store = Store(tmp_path / "runs.sqlite")
+    first = store.create_run(RunConfig(**DIGITS))
+    assert execute(store, first, stream=None, stop=StopAfter(5)) == "stopped"
+    dead = store.create_run(RunConfig(**DIGITS), resumed_from=first)
+    store.update_run(dead, status="failed", steps_done=2)  # killed at step 2: its steps count, nothing to continue
+    assert resumable(store, first)["id"] == first
+    assert f"dpw resume {first}" in CliRunner().invoke(cli, ["show", str(first), "--db", str(store.path)]).output
+    waiting = store.create_run(RunConfig(**DIGITS), resumed_from=first)
+    with pytest.raises(CannotResume, match=rf"run {first} is being continued by run {waiting} \(queued\)"):
+        resumable(store, first)
+    assert resumable(store, first, for_run=waiting)["id"] == first  # the runner of that continuation itself
+
+
 @pytest.mark.parametrize("change, says", [
     (dict(status="finished"), "is finished: only a stopped or failed run is continued"),
     (dict(mechanism="pate"), "only DP-SGD and non-private runs are continued"),
