@@ -586,6 +586,9 @@ class RunConfig:
     def check_against_dataset(self, num_train: int, num_test: int | None = None) -> None:
         """Rules that depend on the training-set size N (known once the data is loaded), and for
         PATE on the test-split size (the public pool and the held-out examples come from it)."""
+        if num_train < 1:
+            raise ConfigError("test_fraction", f"leaves no training example ({self.test_fraction:g} of the data is "
+                              "held out for testing)", hint="lower test_fraction, e.g. 0.2")
         if self.mechanism in ("dpsgd", "pate") and self.delta >= 1.0 / num_train:
             raise ConfigError(
                 "delta",

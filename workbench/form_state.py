@@ -7,12 +7,15 @@ every rule comes from `engine.config` (`config_fields`, `check_field`, `collect_
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from engine.config import RunConfig, check_field, collect_errors, config_fields, fields_used
 from engine.errors import ConfigError
 from engine.settings_in_effect import settings_in_effect
+
+THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+")  # 1,000 and 60,000: commas between groups of three
 
 # Training/test split sizes of the registered datasets, for the live cost preview before any data
 # is loaded (the engine's registry states them only in its descriptions). Built-in tables have no
@@ -89,7 +92,9 @@ def parse(name: str, text: str) -> tuple[Any, ConfigError | None]:
             return False, None
         return None, ConfigError(name, f"{text!r} is not {spec.allowed()}")
     if spec.kind is int:
-        try:
+        try:  # a comma only as a thousands separator: "1,5" is a decimal comma, not fifteen
+            if "," in text and not THOUSANDS.fullmatch(text):
+                raise ValueError(text)
             value: Any = int(text.replace("_", "").replace(",", ""))
         except ValueError:
             return None, ConfigError(name, f"{text!r} is not {spec.allowed()}")
@@ -232,8 +237,10 @@ class FormState:
             return None
         total, test = known
         exact = test is not None
-        if test is None:
-            fraction = values.get("test_fraction") or 0.2
+        if test is None:  # a fraction the form refuses (1: no training example) is not the size to check against
+            fraction = values.get("test_fraction")
+            if fraction is None or check_field("test_fraction", fraction) is not None:
+                fraction = defaults()["test_fraction"]
             test = round(total * fraction)
             total = total - test
             exact = False

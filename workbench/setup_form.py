@@ -539,7 +539,14 @@ class SetupForm(QWidget):
     def request_start(self) -> None:
         if not self.valid:
             return
-        self.start_requested.emit(self.state.config())
+        try:
+            config = self.state.config()
+        except ConfigError:  # a rule the live check missed: shown on the form, never an exception in a slot
+            self.revalidate()
+            self.valid = False
+            self.start_button.setEnabled(False)
+            return
+        self.start_requested.emit(config)
 
     # ---- file choosers -------------------------------------------------------------------------
     def _choose_data_file(self) -> None:

@@ -79,6 +79,35 @@ def test_negative_clipping_norm_and_text_in_a_number_are_refused(form):
     assert "'abc' is not a number" in form.fields["clipping_norm"].message
 
 
+def test_a_decimal_comma_in_a_whole_number_is_refused_not_read_as_thousands(form):
+    """Epochs "1,5" trained 15 epochs (the comma was dropped) while "1.5" was refused."""
+    form.set_value("noise_multiplier", "1.1")
+    form.set_value("epochs", "1,5")
+    assert not form.start_button.isEnabled()
+    assert "'1,5' is not a whole number" in form.fields["epochs"].message
+    form.set_value("epochs", "1,000")  # a thousands separator is read as one
+    form.set_value("train_subset", "60,000")
+    assert form.state.config().epochs == 1000 and form.state.config().train_subset == 60000
+    form.set_value("train_subset", "6,00")
+    assert "'6,00' is not" in form.fields["train_subset"].message
+
+
+def test_a_test_fraction_that_leaves_no_training_example_is_marked_and_start_does_nothing(form, qtbot):
+    """test_fraction 1 gave N = 0: every keystroke raised ZeroDivisionError in the 1/N check, the form
+    still said "Every setting is valid", and Start raised an unhandled ConfigError."""
+    form.set_value("dataset", "digits")
+    form.set_value("noise_multiplier", "1.1")
+    for text in ("1", "1.0"):
+        form.set_value("test_fraction", text)
+        assert not form.start_button.isEnabled() and "out of range" in form.fields["test_fraction"].message
+        with qtbot.assertNotEmitted(form.start_requested):
+            form.request_start()
+    from engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="test_fraction: leaves no training example"):
+        RunConfig(dataset="digits", noise_multiplier=1.0).check_against_dataset(0, 1797)
+
+
 def test_cross_field_rule_is_shown_at_its_field(form):
     form.set_value("noise_multiplier", "1.1")
     form.set_value("target_epsilon", "3")
