@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QItemSelectionModel, QModelIndex, Qt, QTimer
+from PySide6.QtCore import QEvent, QItemSelectionModel, QModelIndex, QObject, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QApplication,
     QFileDialog,
     QHeaderView,
     QLabel,
@@ -19,6 +20,7 @@ from PySide6.QtWidgets import (
     QTableView,
     QTabWidget,
     QToolBar,
+    QWidget,
 )
 
 from engine.config import RunConfig
@@ -85,6 +87,8 @@ class MainWindow(QMainWindow):
 
         self._build_widgets()
         self._build_actions()
+        self._own_shortcuts = OwnShortcuts(self, [self.act_export])
+        QApplication.instance().installEventFilter(self._own_shortcuts)
         self._build_menus()
         self._build_status_bar()
         self.restore_settings()
@@ -873,3 +877,22 @@ class MainWindow(QMainWindow):
 
 
 __all__ = ["MainWindow"]
+
+
+class OwnShortcuts(QObject):
+    """Shortcuts of the window's actions that a text field would take for itself (Ctrl+E is "end of
+    line" in a Qt text field on X11, so Export did nothing while the filter box had the focus): they
+    reach the window's action wherever the focus is in the window."""
+
+    def __init__(self, window: QWidget, actions: list[QAction]):
+        super().__init__(window)
+        self.window = window
+        self.keys = {action.shortcut().toString() for action in actions}
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if (event.type() == QEvent.Type.ShortcutOverride and isinstance(watched, QWidget)
+                and watched.window() is self.window
+                and QKeySequence(event.keyCombination()).toString() in self.keys):
+            event.ignore()  # not taken by the field: the window's shortcut runs
+            return True
+        return False

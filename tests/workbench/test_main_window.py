@@ -29,6 +29,30 @@ def test_shortcuts_are_in_the_menus_and_work(window, qtbot):
     assert window.tabs.currentWidget() is window.form
 
 
+def test_export_shortcut_works_while_a_text_field_has_the_focus(window, qtbot):
+    """Ctrl+E is "end of line" in a text field on X11: the field took it and Export never opened."""
+    from PySide6.QtCore import QEvent
+    from PySide6.QtGui import QKeySequence
+    from PySide6.QtWidgets import QLineEdit
+
+    class X11LineEdit(QLineEdit):  # a text field with X11's key bindings, whatever platform the test runs on
+        def event(self, event):
+            if event.type() == QEvent.Type.ShortcutOverride and QKeySequence(event.keyCombination()) == "Ctrl+E":
+                event.accept()  # "end of line": the field wants the key itself
+                return True
+            return super().event(event)
+
+    window.act_export.setEnabled(True)  # as for a selected finished run
+    exported = []
+    window.act_export.triggered.disconnect()
+    window.act_export.triggered.connect(lambda _=False: exported.append(True))
+    editor = X11LineEdit(window.form)
+    editor.show()
+    editor.setFocus()
+    QTest.keyClick(editor, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
+    assert exported == [True]
+
+
 def test_start_is_disabled_in_the_menu_while_the_form_is_invalid(window):
     window.form.set_value("noise_multiplier", "1.1")
     assert window.act_start.isEnabled()
