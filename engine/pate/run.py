@@ -45,7 +45,7 @@ from engine.errors import ConfigError, DataError
 from engine.models import build_model, default_model_for
 from engine.pate import aggregation
 from engine.pate.ray_backend import RaySession, RayTeachers, import_ray, train_teachers_on_ray
-from engine.pate.shards import partition, public_order_for, public_rows
+from engine.pate.shards import expected_empty_shards, partition, public_order_for, public_rows
 from engine.pate.student import StudentResult, train_student
 from engine.pate.teachers import Teachers, build_teachers, train_teachers, vote_counts
 from engine.privacy import pate as analysis
@@ -224,7 +224,9 @@ class PreparedPATERun:
 
     def _train_teachers(self, should_stop: Callable[[], bool]) -> Teachers | RayTeachers:
         config, emit, data = self.config, self.emit, self.data
-        shards = partition(data.num_train, config.num_teachers, seed=_seed(config, 1))
+        # Each example's teacher is a keyed hash of the example itself (engine.pate.shards.teacher_of):
+        # one example added or removed changes one shard only.
+        shards = partition(data.x_train, config.num_teachers, seed=_seed(config, 1), labels=data.y_train)
         x_train, y_train = data.x_train, data.y_train
         if getattr(self, "_canaries", None) is not None:
             x_train, y_train, shards = self._canaries.join_shards(x_train, y_train, shards)
@@ -580,8 +582,11 @@ def prepare_pate(config: RunConfig, data: Dataset, *, emit: Emit = _noop) -> Pre
         randomness=randomness_summary(config),
     )
     if shard < 50:
-        emit("warning", message=f"each teacher gets only about {shard} training examples; expect weak teachers "
-             f"(fewer teachers, or a larger training set)")
+        empty = expected_empty_shards(data.num_train, config.num_teachers)
+        none = (f"; about {empty:.2g} teachers are expected to get no example at all (they vote untrained)"
+                if empty >= 0.01 else "")
+        emit("warning", message=f"each teacher gets only about {shard} training examples{none}; expect weak "
+             f"teachers (fewer teachers, or a larger training set)")
     return PreparedPATERun(
         config=config,
         data=data,

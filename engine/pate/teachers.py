@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from torch import nn
 from engine.array_data import gather_rows
 from engine.models import build_model
 from engine.pate.ensemble import StackedEnsemble
+from engine.pate.member_adam import MemberAdam, for_members
 from engine.pate.shards import shard_matrix
 
 MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -194,11 +195,16 @@ class TrainedGroup:
     epochs_done: int
 
 
-def group_generator(seed: int, first_teacher: int) -> torch.Generator:
-    """The shuffling generator of the group whose first teacher is `first_teacher`: a function of
-    (seed, first_teacher) only, so a group trains the same wherever and in whatever order it runs."""
-    state = np.random.SeedSequence([seed, 0xBA7C, first_teacher]).generate_state(1)[0]
+def teacher_generator(seed: int, teacher: int) -> torch.Generator:
+    """The shuffling generator of teacher `teacher`: a function of (seed, teacher) only, so a teacher
+    trains the same whatever group it is in, whatever its group's other shards, wherever it runs."""
+    state = np.random.SeedSequence([seed, 0xBA7C, teacher]).generate_state(1)[0]
     return torch.Generator(device="cpu").manual_seed(int(state))
+
+
+def epoch_order(generator: torch.Generator, length: int) -> torch.Tensor:
+    """One epoch's visiting order of a shard of `length` examples (positions 0..length-1)."""
+    return torch.randperm(length, generator=generator)
 
 
 def train_group(
@@ -220,23 +226,30 @@ def train_group(
     """Train one group of teachers as a stacked ensemble on their shards `xs`, `ys` (padded to
     (k, max_len, ...); positions >= lengths[k] are padding).
 
-    Every epoch each teacher visits its shard in a fresh random order (`group_generator`) in
-    mini-batches of `batch_size`; the loss of teacher k is the mean over its own batch (the last,
-    shorter batch of an epoch is masked), and one optimizer step updates all teachers.
+    Teacher k trains as it would alone: every epoch it visits its own shard in a fresh random order
+    (`teacher_generator`, `epoch_order`) in mini-batches of `batch_size`, its loss the mean over its
+    own batch, one optimizer step per batch. The group steps together; at a step where a teacher's
+    shard has no batch left (a smaller shard, or an empty one), the teacher does not step: Adam and
+    AdamW become `MemberAdam` (a step count per teacher, only the active teachers stepped), other
+    optimizers get its parameters and state put back as they were (`_keep_members`). So no teacher
+    depends on another's shard (PATE's one-example-one-teacher argument), and an empty shard's
+    teacher keeps its initial weights.
     `on_epoch(epoch, loss_sum)` after each epoch; stops between steps when `should_stop()` is true.
     """
-    generator = group_generator(seed, first_teacher)
+    generators = [teacher_generator(seed, first_teacher + j) for j in range(len(lengths))]
     ensemble = StackedEnsemble(list(members), vectorize=vectorize).to(device).train()
-    optimizer = make_optimizer(list(ensemble.parameters()))
+    optimizer = for_members(make_optimizer(list(ensemble.parameters())))
     k, max_len = xs.shape[0], xs.shape[1]
     xs, ys = xs.to(device), ys.to(device)
     lengths_t = torch.as_tensor(lengths, device=device)
     rows = torch.arange(k, device=device)[:, None]
+    steps = max(1, math.ceil(max_len / batch_size))
     loss_sums: list[float] = []
     for epoch in range(epochs):
-        keys = torch.rand(k, max_len, generator=generator).to(device)
-        keys[torch.arange(max_len, device=device)[None, :] >= lengths_t[:, None]] = 2.0  # padding last
-        order = keys.argsort(dim=1)
+        order = torch.zeros(k, max_len, dtype=torch.long)
+        for j, n in enumerate(lengths.tolist()):
+            order[j, :n] = epoch_order(generators[j], n)
+        order = order.to(device)
         loss_sum = 0.0
         for s in range(0, max_len, batch_size):
             if should_stop():
@@ -249,12 +262,49 @@ def train_group(
             per_teacher = (loss * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
             optimizer.zero_grad(set_to_none=True)
             per_teacher.sum().backward()
-            optimizer.step()
+            active = np.asarray(lengths) > s
+            if isinstance(optimizer, MemberAdam):
+                optimizer.step(members=np.flatnonzero(active))
+            else:
+                with _keep_members(optimizer, list(ensemble.parameters()), np.flatnonzero(~active)):
+                    optimizer.step()
             loss_sum += float(per_teacher.detach().sum())
-        loss_sums.append(loss_sum / math.ceil(max_len / batch_size))
+        loss_sums.append(loss_sum / steps)
         if on_epoch is not None:
             on_epoch(epoch, loss_sums[-1])
     return TrainedGroup(ensemble, loss_sums, epochs)
+
+
+class _keep_members:
+    """Around an optimizer step of stacked parameters: members `idle` (indices on the leading axis) end
+    it as they began, parameters and per-member optimizer state (momentum buffers) alike. A state
+    tensor the step creates starts at zero for them, which for SGD momentum is the same as no state.
+    Not enough for state shared by the members, such as Adam's step count: Adam uses `MemberAdam`."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, params: list[nn.Parameter], idle: np.ndarray):
+        self.optimizer, self.params = optimizer, params
+        self.idle = torch.as_tensor(idle, dtype=torch.long)
+
+    def __enter__(self) -> None:
+        self.saved: list[tuple[torch.Tensor, dict[str, torch.Tensor]]] = []
+        if not len(self.idle):
+            return
+        for p in self.params:
+            idle = self.idle.to(p.device)
+            state = {name: v[idle].clone() for name, v in self.optimizer.state.get(p, {}).items()
+                     if isinstance(v, torch.Tensor) and v.shape == p.shape}
+            self.saved.append((p.detach()[idle].clone(), state))
+
+    def __exit__(self, *exc: Any) -> None:
+        if not len(self.idle) or exc[0] is not None:
+            return
+        with torch.no_grad():
+            for p, (value, state) in zip(self.params, self.saved):
+                idle = self.idle.to(p.device)
+                p[idle] = value
+                for name, v in self.optimizer.state.get(p, {}).items():
+                    if isinstance(v, torch.Tensor) and v.shape == p.shape:
+                        v[idle] = state[name] if name in state else 0
 
 
 def _finish(groups: list[StackedEnsemble], x: torch.Tensor, shards, t0: float, epochs_done: int,

@@ -48,7 +48,7 @@ _sgd = functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)
 
 def test_ray_teachers_equal_local_teachers_for_the_same_seed(session):
     x, y, x_query = _digits()
-    shards = partition(len(x), 7, seed=3)
+    shards = partition(x, 7, seed=3, labels=y)
     kwargs = dict(epochs=3, batch_size=16, make_optimizer=_sgd, seed=11, group_size=3, model_name="digits_cnn")
     local = train_teachers(build_teachers("digits_cnn", input_shape=(1, 8, 8), num_classes=10, num_teachers=7,
                                           seed=5), x, y, shards, **kwargs)
@@ -80,7 +80,7 @@ def test_ray_teachers_on_memory_mapped_images_equal_local_teachers_in_memory(ses
     np.savez(tmp_path / "same.npz", x=x, y=y)
     mapped, in_memory = load_dataset(tmp_path / "arrays"), load_dataset(tmp_path / "same.npz")
     assert not isinstance(mapped.x_train, torch.Tensor)  # read on demand: shards are gathered a group at a time
-    shards = partition(mapped.num_train, 5, seed=1)
+    shards = partition(mapped.x_train, 5, seed=1, labels=mapped.y_train)
     kwargs = dict(epochs=2, batch_size=8, make_optimizer=_sgd, seed=3, group_size=2)
 
     def teachers():
@@ -93,6 +93,28 @@ def test_ray_teachers_on_memory_mapped_images_equal_local_teachers_in_memory(ses
             torch.testing.assert_close(on_ray.member_state_dict(k)[name], value, rtol=1e-5, atol=1e-6)
     assert np.array_equal(vote_counts(on_ray.predict(in_memory.x_test), 3),
                           vote_counts(local.predict(mapped.x_test[0 : mapped.num_test]), 3))
+
+
+def test_ray_teachers_with_unequal_and_empty_shards_equal_local_teachers(session):
+    """A teacher with no example is trained as nothing (initial weights) and votes, on Ray as locally."""
+    x, y, x_query = _digits()
+    shards = partition(x, 4, seed=3, labels=y)
+    shards = [shards[0], np.array([], np.int64), shards[2], np.array([], np.int64)]
+    kwargs = dict(epochs=2, batch_size=16, make_optimizer=_sgd, seed=11, group_size=2)
+
+    def teachers():
+        return build_teachers("logistic", input_shape=(1, 8, 8), num_classes=10, num_teachers=4, seed=5)
+
+    local = train_teachers(teachers(), x, y, shards, **kwargs)
+    on_ray = train_teachers_on_ray(teachers(), x, y, shards, session=session, **kwargs)
+    assert on_ray.shard_sizes.tolist() == local.shard_sizes.tolist() == [len(shards[0]), 0, len(shards[2]), 0]
+    initial = teachers()
+    for k in range(4):
+        for name, value in local.member_state_dict(k).items():
+            torch.testing.assert_close(on_ray.member_state_dict(k)[name], value, rtol=1e-5, atol=1e-6)
+            if k in (1, 3):
+                assert torch.equal(value, initial[k].state_dict()[name])
+    assert np.array_equal(vote_counts(on_ray.predict(x_query), 10), vote_counts(local.predict(x_query), 10))
 
 
 def test_a_changed_seed_changes_the_ray_teachers(session):
