@@ -6,10 +6,8 @@ reads only the run's public parameters and calls the pure functions of `engine.p
 - DP-SGD: the Poisson-subsampled Gaussian (sample rate, noise multiplier) over the steps actually
   taken, from the pessimistic PLD. With DP feature statistics (`normalization = "dp"`) the release
   is composed with training by RDP, so the profile is the one implied by that RDP curve.
-- PATE: the publishable epsilon is the smaller of the data-independent bound and the smooth-
-  sensitivity release; only the data-independent bound has a full RDP curve (recomputed from the
-  aggregator's noise and the number of queries asked, each charged as answered), so the figures come from it
-  and say so. They are upper bounds either way (the data-independent bound is a valid guarantee).
+- PATE: the guarantee is the data-independent bound, whose RDP curve is recomputed from the
+  aggregator's noise and the number of queries asked, each charged as answered.
 - A non-private run or a reproducible-noise run: no figures, and the reason.
 """
 
@@ -28,8 +26,6 @@ BASIS_RDP_STATISTICS = ("DP-SGD with DP feature statistics: RDP of the training 
 BASIS_PRIVATE_STUDY = ("private tuning study: RDP curve of repeat-and-select over its candidates (training and "
                        "noisy score), engine.study")
 BASIS_PATE_DI = "PATE: RDP curve of the data-independent bound (every query asked charged as answered)"
-BASIS_PATE_DI_NOT_RELEASED = (BASIS_PATE_DI + "; the released epsilon is smaller but has no stored RDP "
-                              "curve, so these figures are looser than the publishable epsilon")
 
 
 @dataclass(frozen=True)
@@ -84,8 +80,6 @@ def run_attack_risk(run: dict[str, Any]) -> RunAttackRisk:
         profile, basis = _dpsgd_profile(run)
     elif mechanism == "pate":
         profile, basis = _pate_profile(run)
-        if eps.accountant != "pate-di":
-            basis = BASIS_PATE_DI_NOT_RELEASED
     else:
         return _no_risk(run, f"no attack figures for mechanism {mechanism!r}")
     figures = risk.attack_risk(profile=profile, delta=float(eps.delta))

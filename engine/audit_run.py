@@ -101,11 +101,12 @@ def kept_or_new_audit(store, run: dict[str, Any]) -> dict[str, Any]:
     """The `dpw audit --json` object for a report: the membership audit kept with the run (Audit tab or
     `python -m engine.audit_job`), so the report states what the window showed and needs no data files,
     with the run's canary audit; computed now (engine defaults) when none was kept."""
+    from engine.audit.membership import restated
     from engine.audit_job import MEMBERSHIP_AUDIT_KEY
 
     kept = (run.get("summary") or {}).get(MEMBERSHIP_AUDIT_KEY)
     if kept:
-        return {**kept, "canaries": canary_result(run)}
+        return {**kept, "mia": restated(kept["mia"]), "canaries": canary_result(run)}
     return audit_run(store, run["id"]).to_json()
 
 
@@ -115,6 +116,15 @@ def canary_result(run: dict[str, Any]) -> dict[str, Any] | None:
     if not recorded:
         return None
     return {key: recorded.get(key) for key in CANARY_KEYS}
+
+
+def canary_text(canaries: dict[str, Any] | None) -> str:
+    """The one-run canary audit a run recorded (canary_result), in one line."""
+    if canaries is None:
+        return "none (the run had no audit_canaries)"
+    return (f"epsilon >= {canaries['epsilon_lower_bound']:.3g} at delta {canaries['delta']:g} "
+            f"({100 * canaries['confidence']:g}% confidence; {canaries['correct']} of {canaries['guesses']} "
+            f"guesses right, {canaries['count']} {canaries['kind']} canaries)")
 
 
 def audit_model_line(run: dict[str, Any]) -> str | None:

@@ -18,7 +18,16 @@ from typing import Any
 import click
 
 from engine.cli_privacy import RISK_LABEL, check_number, echo_risk_rows, percent, privacy
-from engine.cli_shell import DPWGroup, UserError, db_option, echo_json, fail, open_store, open_store_after_check
+from engine.cli_shell import (
+    DPWGroup,
+    UserError,
+    db_option,
+    echo_json,
+    epsilon_text,
+    fail,
+    open_store,
+    open_store_after_check,
+)
 from engine.errors import DPWError
 
 
@@ -396,11 +405,6 @@ class ProgressDisplay:
             self.bar = None
 
 
-def epsilon_text(value: float) -> str:
-    """An epsilon to 4 decimals, or 4 significant digits when large (4e301 was printed in 302 digits)."""
-    return f"{value:.4f}" if value < 1e6 else f"{value:.4g}"
-
-
 def warn_settings_without_effect(config: Any) -> None:
     """One warning line per setting the config sets that the run will not read (settings_without_effect)."""
     from engine.config import as_toml
@@ -414,10 +418,13 @@ def warn_settings_without_effect(config: Any) -> None:
 
 def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = False, store: Any = None) -> None:
     """The run in a few lines; with `store`, a stopped or failed run that can be continued says how."""
+    from engine.audit_run import audit_model_line, canary_result, canary_text
     from engine.publication import (
         NO_FINITE_BOUND_STATEMENT,
         NOT_PUBLISHABLE,
+        RELEASED_ESTIMATE,
         no_guarantee_statement,
+        pate_released_estimate,
         publishable_epsilon,
         release_from_votes,
     )
@@ -432,8 +439,8 @@ def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = Fals
         lines.append(f"  test accuracy  {run_row['accuracy']:.4f}")
     eps = publishable_epsilon(run_row)
     if eps.value is not None:
-        lines.append(f"  privacy        ε = {epsilon_text(eps.value)}, δ = {eps.delta:g} ({eps.accountant})"
-                     + ("" if eps.guarantee else "  NO GUARANTEE"))
+        lines.append(f"  privacy        ε = {epsilon_text(eps.value)}, δ = {eps.delta:g} ({eps.accountant}"
+                     f"{eps.at_step(run_row.get('steps_done'))})" + ("" if eps.guarantee else "  NO GUARANTEE"))
     elif run_row.get("mechanism") == "none":
         lines.append("  privacy        none (non-private baseline)")
     if eps.note:
@@ -444,14 +451,13 @@ def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = Fals
         lines.append(f"  caveat         {NO_FINITE_BOUND_STATEMENT}")
     summary = run_row.get("summary") or {}
     if run_row.get("mechanism") == "pate":
-        if summary.get("epsilon_released") is not None and not release_from_votes(run_row):
-            lines.append(f"  PATE ε         the smaller of data-independent {summary.get('epsilon_data_independent', float('nan')):.4g}"
-                         f" and released {summary['epsilon_released']:.4g}" + (" (both safe to publish)" if eps.guarantee else ""))
+        if (estimate := pate_released_estimate(run_row)) is not None:
+            lines.append(f"  estimate       data-dependent ε ≈ {estimate:.4g}, {RELEASED_ESTIMATE}")
         if summary.get("epsilon_data_dependent") is not None:
             lines.append(f"  diagnostic     data-dependent ε {summary['epsilon_data_dependent']:.4g} ({NOT_PUBLISHABLE})")
         if release_from_votes(run_row):
-            lines.append("  caveat         the release's parameters were chosen from the votes: the released ε does "
-                         "not cover that choice, so the run states its data-independent ε")
+            lines.append("  caveat         the release's parameters were chosen from the votes: its estimate of the "
+                         "data-dependent ε does not cover that choice and is not shown")
         if summary.get("queries") is not None:
             lines.append(f"  queries        {summary['queries']} of {run_row.get('steps_planned')}, "
                          f"{summary.get('answered', 0)} answered")
@@ -470,6 +476,10 @@ def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = Fals
     membership = membership_line(summary, run_row["id"])
     if membership:
         lines.append(f"  membership     {membership}")
+    canaries = canary_result(run_row)
+    if canaries is not None:
+        lines.append(f"  canary audit   {canary_text(canaries)}")
+        lines.append(f"  audit model    {audit_model_line(run_row).removeprefix('audit model: ')}")
     if run_row.get("error"):
         lines.append(f"  error          {run_row['error']}")
         if run_row.get("error_hint"):
@@ -490,16 +500,17 @@ def continuable(store: Any, run_row: dict[str, Any]) -> bool:
 def membership_line(summary: dict[str, Any], run_id: int) -> str | None:
     """The membership audit kept with a run, in one line (None before one was computed). It comes from
     private data, so it is printed locally, never put in a report unasked."""
+    from engine.audit.membership import not_measurable, theory_check_short
     from engine.audit_job import MEMBERSHIP_AUDIT_KEY
 
     mia = (summary.get(MEMBERSHIP_AUDIT_KEY) or {}).get("mia")
     if not mia:
         return None
-    theory = mia.get("theory") or {}
-    where = ("" if not theory else "ABOVE the guarantee's curve: a bug or a broken assumption; "
-             if theory.get("above_theory") else "under the guarantee's curve; ")
-    return (f"loss attack AUC {mia['auc']:.3f}, TPR {100 * mia['tpr_at_fpr']['0.01']:.2f}% at FPR 1% ({where}"
-            f"from private data, kept locally: dpw audit {run_id})")
+    theory = mia.get("theory")
+    where = f"{theory_check_short(theory)}; " if theory else ""
+    tpr, why = mia["tpr_at_fpr"].get("0.01"), not_measurable(0.01, mia["nonmembers"])
+    measured = f"TPR at FPR 1% {why}" if tpr is None or why else f"TPR {100 * tpr:.2f}% at FPR 1%"
+    return f"loss attack AUC {mia['auc']:.3f}, {measured} ({where}from private data, kept locally: dpw audit {run_id})"
 
 
 # ---- list / show -------------------------------------------------------------------------------
@@ -668,8 +679,10 @@ def show(run_ref: str, db: Path | None, as_json: bool, include_teacher_stats: bo
 
 
 def show_risk(run_row: dict[str, Any], *, as_json: bool) -> None:
-    """`dpw show RUN --risk`: the attack figures of a stored run (engine.attack_risk), upper bounds."""
+    """`dpw show RUN --risk`: the attack figures of a stored run (engine.attack_risk), upper bounds, with
+    the run's epsilon as `dpw show` prints it."""
     from engine.attack_risk import run_attack_risk
+    from engine.publication import publishable_epsilon
 
     result = run_attack_risk(run_row)
     if as_json:
@@ -679,9 +692,10 @@ def show_risk(run_row: dict[str, Any], *, as_json: bool) -> None:
     if result.risk is None:
         click.echo(f"  no bound         {result.reason}")
         return
-    figures = result.risk
     click.echo(f"  {'from':<{RISK_LABEL}} {result.basis}")
-    echo_risk_rows(figures, f"(publishable: {result.publishable_epsilon:.4g}); every figure below is an upper bound")
+    upper = "; every figure below is an upper bound"
+    echo_risk_rows(result.risk, epsilon=result.publishable_epsilon,
+                   note=f"({publishable_epsilon(run_row).accountant})" + upper)
 
 
 @cli.command()
@@ -902,6 +916,9 @@ def _echo_kept_audit(kept: dict[str, Any], as_json: bool) -> None:
 def _echo_audit(body: dict[str, Any], as_json: bool, heading: str) -> None:
     """Print a `dpw audit --json` object (computed now or kept with the run) as JSON or as text; a ROC
     above the guarantee's curve is also a warning on stderr."""
+    from engine.audit.membership import not_measurable, theory_check_text
+    from engine.audit_run import canary_text
+
     mia = body["mia"]
     theory = mia.get("theory")
     if as_json:
@@ -915,22 +932,18 @@ def _echo_audit(body: dict[str, Any], as_json: bool, heading: str) -> None:
         lo, hi = mia["auc_interval"]
         click.echo(f"  AUC              {mia['auc']:.4f}  [{lo:.4f}, {hi:.4f}] ({100 * mia['confidence']:g}%)")
         for fpr, tpr in sorted(mia["tpr_at_fpr"].items(), key=lambda item: -float(item[0])):
+            why = not_measurable(float(fpr), mia["nonmembers"])
+            if tpr is None or why is not None:
+                click.echo(f"  TPR at FPR {percent(float(fpr)):<5} {why}")
+                continue
             lo, hi = mia["tpr_interval"][fpr]
             click.echo(f"  TPR at FPR {percent(float(fpr)):<5} {100 * tpr:.3g}%  [{100 * lo:.3g}%, {100 * hi:.3g}%]")
         if theory and not theory["above_theory"]:
-            click.echo(f"  theory check     {theory['message']}")
-        click.echo("  canary audit     " + _canary_text(body.get("canaries")))
+            text = theory_check_text(theory, members=mia["members"], nonmembers=mia["nonmembers"])
+            click.echo(f"  theory check     {text}")
+        click.echo("  canary audit     " + canary_text(body.get("canaries")))
     if theory and theory["above_theory"]:
         click.echo(f"WARNING: {theory['message']}", err=True)
-
-
-def _canary_text(canaries: dict[str, Any] | None) -> str:
-    """The one-run canary audit a run recorded, in one line for `dpw audit`."""
-    if canaries is None:
-        return "none (the run had no audit_canaries)"
-    return (f"epsilon >= {canaries['epsilon_lower_bound']:.3g} at delta {canaries['delta']:g} "
-            f"({100 * canaries['confidence']:g}% confidence; {canaries['correct']} of {canaries['guesses']} "
-            f"guesses right, {canaries['count']} {canaries['kind']} canaries)")
 
 
 # ---- window ------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from engine.cli_shell import UserError, echo_json
+from engine.cli_shell import UserError, echo_json, epsilon_text
 from engine.config import RELEASE_PARAMETERS, as_toml
 
 
@@ -95,20 +95,17 @@ def privacy_risk(sample_rate: float, noise_multiplier: float, steps: int, delta:
     if as_json:
         echo_json(result.to_json())
         return
+    from engine import privacy as priv
+
+    eps = priv.dpsgd_epsilon(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps, delta=delta,
+                             accountant="pld")
     click.echo(f"Best membership attack against DP-SGD (sample rate {sample_rate:g}, noise multiplier "
                f"{noise_multiplier:g}, {steps} steps); every figure is an upper bound")
-    echo_risk_rows(result, "(pld)")
+    echo_risk_rows(result, epsilon=eps.value, note=f"({eps.accountant})")
 
 
 def percent(x: float) -> str:
     return f"{100 * x:g}%"
-
-
-def _up(x: float) -> str:
-    """A bound to 3 significant digits, rounded up (engine.attack_risk.round_up)."""
-    from engine.attack_risk import round_up
-
-    return round_up(x, 3)
 
 
 def _percent_up(x: float) -> str:
@@ -274,7 +271,7 @@ def privacy_pate(votes_file: Path, mechanism: str, sigma: float | None, threshol
 
     The data-dependent epsilon is a function of the private votes and not safe to publish as is;
     --release releases it with smooth-sensitivity noise (publishable when its parameters are fixed
-    from public quantities, the default).
+    from public quantities, the default), as an estimate: the guarantee is the data-independent epsilon.
 
     Example: dpw privacy pate --votes votes.npy --mechanism confident --threshold 200 --sigma1 150 --sigma2 40 --delta 1e-5 --release --json
     """
@@ -364,13 +361,15 @@ def privacy_pate(votes_file: Path, mechanism: str, sigma: float | None, threshol
         f"{mechanism}: {result.num_queries} queries, {result.answered:.6g} answered{expected}",
         f"  epsilon (data-dependent)    = {result.epsilon_data_dependent:.6g} at order {result.order}"
         "  — depends on the votes: not safe to publish as is",
-        f"  epsilon (data-independent)  = {result.epsilon_data_independent:.6g} at order {result.order_data_independent}",
+        f"  epsilon (data-independent)  = {result.epsilon_data_independent:.6g} at order {result.order_data_independent}"
+        "  — the guarantee: holds whatever the votes",
     ]
     if released is not None:
         rel = released.release
         lines.append(f"  epsilon (released)          = {rel.epsilon_released:.6g} at order {rel.order:g} "
                      f"(smooth-sensitivity noise, {released.noise})"
-                     + ("  — safe to publish" if released.publishable else f"  — NOT publishable: {released.caveat}"))
+                     + ("  — safe to publish as an estimate, not a bound (its noise is centred on the data-dependent "
+                        "cost)" if released.publishable else f"  — NOT publishable: {released.caveat}"))
     lines.append(f"  delta = {result.delta:.10g}")
     click.echo("\n".join(lines))
 
@@ -422,9 +421,11 @@ RISK_LABEL = 24
 """Width of the label column in `dpw show --risk` and `dpw privacy risk`: one table layout for both."""
 
 
-def echo_risk_rows(figures: Any, epsilon_note: str) -> None:
-    """The attack-risk rows (engine.privacy.risk figures) shared by `dpw show --risk` and `dpw privacy risk`."""
-    rows = [("epsilon", f"{_up(figures.epsilon)} at delta {figures.delta:g} {epsilon_note}"),
+def echo_risk_rows(figures: Any, *, epsilon: float, note: str) -> None:
+    """The attack-risk rows (engine.privacy.risk figures) shared by `dpw show --risk` and `dpw privacy risk`.
+    `epsilon`: the accountant's, printed as every command prints it (the figures' own is the same
+    guarantee read off a grid, a little above it)."""
+    rows = [("epsilon", f"{epsilon_text(epsilon)} at delta {figures.delta:g} {note}"),
             ("max advantage (TPR-FPR)", _percent_up(figures.max_advantage))]
     rows += [(f"TPR at FPR {percent(fpr)}", _percent_up(tpr)) for fpr, tpr in figures.tpr_at_fpr.items()]
     rows += [(f"posterior, prior {percent(prior)}",

@@ -115,6 +115,12 @@ def open_store_after_check(db: Path | None, check: Callable[[frozenset[str]], An
 
 
 
+def epsilon_text(value: float) -> str:
+    """An epsilon as every command prints it: 4 decimals, or 4 significant digits when large (4e301 was
+    printed in 302 digits)."""
+    return f"{value:.4f}" if value < 1e6 else f"{value:.4g}"
+
+
 def echo_json(value: Any, **dumps: Any) -> None:
     """Print `value` as strict JSON: an infinite epsilon as "Infinity" (engine.events' encoding, as in the
     event stream), never the bare Infinity that JSON parsers refuse."""

@@ -101,11 +101,11 @@ def load_trained_model(store: Store, run_ref: str | int, *, kind: str = "model",
 
 def model_card(trained: TrainedModel, files: dict[str, str], plan: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a deployer needs to know: inputs, outputs, the guarantee (the publishable epsilon, or that
-    there is none), provenance, files. The training data is named by file name and fingerprint only;
-    no teacher statistics, sample counts or training losses."""
+    there is none) with the report's caveats and attack figures, provenance, files. The training data is
+    named by file name and fingerprint only; no teacher statistics, sample counts or training losses."""
     from engine.audit_run import audit_model_line
     from engine.publication import public_dataset_name, randomness
-    from engine.report import privacy_statement, software_versions
+    from engine.report import attacker_section, caveats, privacy_statement, software_versions
 
     run, meta = trained.run, trained.meta
     image = len(meta["input_shape"]) > 1
@@ -131,6 +131,8 @@ def model_card(trained: TrainedModel, files: dict[str, str], plan: dict[str, Any
                           "fingerprint": (plan or {}).get("dataset_fingerprint")},
         "test_accuracy": run.get("accuracy"),
         "privacy": privacy_statement(run),
+        "caveats": caveats(run, plan or {}),
+        "attacker": attacker_section(run),  # None for a run with no guarantee, as in the report
         "audit_model": audit_model_line(run),  # None, or: trained with audit canaries (engine.audit_run)
         "randomness": randomness(run),
         "software": software_versions(),

@@ -3,18 +3,19 @@
 Every view of a run's epsilon (`dpw list/show/run`, the report, the model card, the window's runs
 list, dashboard and compare view) asks here, so the rules live in one place:
 
-- `publishable_epsilon(run)`: the epsilon that is safe to state. DP-SGD: the accountant's value.
-  PATE: min(data-independent bound, smooth-sensitivity released epsilon) — both are outputs of
-  the private mechanism, so their minimum is post-processing; the data-dependent epsilon is a
-  function of the private votes and is never the one shown (only as a diagnostic labelled
-  "not publishable").
+- `publishable_epsilon(run)`: the epsilon that is safe to state as the run's guarantee. DP-SGD: the
+  accountant's value. PATE: the data-independent bound, the only one that holds whatever the votes.
+  The data-dependent epsilon is a function of the private votes and is never shown as more than a
+  diagnostic labelled "not publishable"; its smooth-sensitivity release (`pate_released_estimate`)
+  is safe to show, as an estimate: its noise is centred on the data-dependent cost, so it falls
+  below that cost about half the time and bounds nothing.
 - `no_guarantee_reason(run)` / `carries_guarantee(run)`: a private run carries no guarantee at all,
   whatever its epsilon, when its privacy noise was seeded from the published `seed`
   (`reproducible_noise = true`), when its model ships the training data's exact feature statistics
   (`normalization = "exact"`), or when a PATE run stopped where the data-dependent epsilon met its
   budget (`pate_budget_on = "data-dependent"`): each releases something no epsilon accounts for.
-- PATE's smooth-sensitivity release counts only when its parameters were fixed before the votes
-  (`release_parameters = "data-independent"`, the default): a release tuned on the votes is not used.
+- PATE's smooth-sensitivity estimate is shown only when its parameters were fixed before the votes
+  (`release_parameters = "data-independent"`, the default): a release tuned on the votes is not shown.
 - `public_dataset_name(dataset)`: user files are named by their file name only, never their folders.
 - A run of a tuning study (engine.study; the store attaches its row as `run["study"]`) states the
   study's epsilon, never its own: a private study's released run the repeat-and-select bound, its
@@ -30,8 +31,6 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
-import numpy as np
-
 from engine.errors import DPWError
 
 NO_GUARANTEE_HEADLINE = "No differential privacy guarantee"
@@ -46,6 +45,8 @@ NO_GUARANTEE_IN_SHORT = {SEEDED_NOISE: "reproducible noise", EXACT_STATISTICS: "
 NO_FINITE_BOUND_STATEMENT = "No finite differential privacy guarantee: the noise is too small for any bound on epsilon"
 NO_GUARANTEE = "no guarantee"
 NOT_PUBLISHABLE = "not publishable: a function of the private votes"
+RELEASED_ESTIMATE = ("released privately with smooth-sensitivity noise: an estimate, not a bound (its noise is "
+                     "centred on the data-dependent cost)")
 PATE_DATA_INDEPENDENT = "pate-di"
 PATE_RELEASED = "pate-released"
 PATE_DATA_DEPENDENT = "pate-dd"
@@ -64,6 +65,11 @@ class PublishableEpsilon:
     guarantee: bool
     note: str | None = None  # what the value covers beyond this run (its study), in words
     withheld: bool = False  # a candidate of a private study: never exported nor reported
+    step: int | None = None  # a running run's value is its accountant's at this step, before its latest ones
+
+    def at_step(self, steps_done: int | None) -> str:
+        """" at step 495" where the value covers fewer steps than the run has taken so far, else ""."""
+        return f" at step {self.step}" if self.step is not None and self.step != steps_done else ""
 
     @property
     def holds(self) -> bool:
@@ -79,21 +85,24 @@ def exploratory_note(num_runs: int | None) -> str:
     return f"selected among {runs} on the same data; the selection is not covered by this epsilon"
 
 
-def pate_publishable(epsilon_data_independent: float | None, epsilon_released: float | None,
-                     *, parameters_from_votes: bool = False) -> tuple[float | None, str | None]:
-    """(epsilon, accountant) of PATE's publishable epsilon: the smaller of the data-independent bound
-    and the smooth-sensitivity release (each a public output; their minimum is post-processing).
-    A release whose parameters were chosen from the votes (`parameters_from_votes`) does not cover
-    that choice: only the data-independent bound counts then."""
-    if parameters_from_votes:
-        epsilon_released = None
-    candidates = [(v, name) for v, name in ((epsilon_released, PATE_RELEASED),
-                                            (epsilon_data_independent, PATE_DATA_INDEPENDENT))
-                  if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    if not candidates:
+def pate_publishable(epsilon_data_independent: float | None) -> tuple[float | None, str | None]:
+    """(epsilon, accountant) of PATE's guarantee: the data-independent bound, the worst case over all
+    vote histograms. The smooth-sensitivity release is never the guarantee (`pate_released_estimate`)."""
+    if epsilon_data_independent is None or math.isnan(float(epsilon_data_independent)):
         return None, None
-    value, name = min(candidates, key=lambda c: c[0])
-    return float(value), name
+    return float(epsilon_data_independent), PATE_DATA_INDEPENDENT
+
+
+def pate_released_estimate(run: dict[str, Any]) -> float | None:
+    """A PATE run's privately released estimate of its data-dependent epsilon (Papernot et al. 2018's
+    smooth-sensitivity release), to show beside the guarantee and labelled as an estimate: its noise
+    is centred on the data-dependent cost, so it is below that cost about half the time. None where
+    there is none, where it equals the data-independent bound (LNMax), and where its parameters were
+    chosen from the votes, which it does not cover."""
+    released = (run.get("summary") or {}).get("epsilon_released")
+    if released is None or release_from_votes(run) or (run.get("config") or {}).get("aggregator") == "lnmax":
+        return None
+    return float(released)
 
 
 def randomness(run: dict[str, Any]) -> dict[str, str]:
@@ -196,10 +205,8 @@ def run_epsilon(run: dict[str, Any]) -> PublishableEpsilon:
     guarantee = carries_guarantee(run)
     if run.get("mechanism") == "pate":
         summary = run.get("summary") or {}
-        value, accountant = pate_publishable(summary.get("epsilon_data_independent"),
-                                             summary.get("epsilon_released"),
-                                             parameters_from_votes=release_from_votes(run))
-        if value is None and run.get("accountant") in (PATE_DATA_INDEPENDENT, PATE_RELEASED):
+        value, accountant = pate_publishable(summary.get("epsilon_data_independent"))
+        if value is None and run.get("accountant") == PATE_DATA_INDEPENDENT:
             value, accountant = run.get("epsilon"), run.get("accountant")
         delta = summary.get("delta", run.get("delta")) if value is not None else None
         return PublishableEpsilon(value, delta, accountant, guarantee)
@@ -207,7 +214,8 @@ def run_epsilon(run: dict[str, Any]) -> PublishableEpsilon:
         return PublishableEpsilon(None, None, None, guarantee)
     stated = run.get("stated_privacy")  # a running run: its stated accountant's latest value (engine.store)
     if stated and run.get("status") == "running":
-        return PublishableEpsilon(float(stated["epsilon"]), stated["delta"], stated["accountant"], guarantee)
+        return PublishableEpsilon(float(stated["epsilon"]), stated["delta"], stated["accountant"], guarantee,
+                                  step=stated.get("step"))
     return PublishableEpsilon(float(run["epsilon"]), run.get("delta"), run.get("accountant"), guarantee)
 
 
@@ -225,21 +233,6 @@ def epsilon_label(run: dict[str, Any], fmt: str = ".3g") -> str:
         return f"∞ ({NO_GUARANTEE})"
     text = format(eps.value, fmt)
     return text if eps.guarantee else f"{text} ({NO_GUARANTEE})"
-
-
-def publishable_pate_curve(steps, data_independent, released: tuple[float, float] | None
-                           ) -> tuple[np.ndarray, np.ndarray]:
-    """PATE's publishable epsilon against queries: the data-independent bound after each batch of
-    queries, and once the release exists (`released` = (step, epsilon)), the smaller of the two."""
-    x = np.asarray(steps, dtype=float)
-    y = np.asarray(data_independent, dtype=float)
-    if released is None:
-        return x, y
-    step, value = float(released[0]), float(released[1])
-    last = float(y[-1]) if y.size else math.inf
-    if value >= last:
-        return x, y
-    return np.append(x, step), np.append(y, value)
 
 
 def public_dataset_name(dataset: str | None) -> str | None:

@@ -29,16 +29,16 @@ from engine.publication import (
     NO_FINITE_BOUND_STATEMENT,
     NO_GUARANTEE_HEADLINE,
     PATE_DATA_INDEPENDENT,
-    PATE_RELEASED,
+    RELEASED_ESTIMATE,
     SEEDED_NOISE,
     STOPPED_ON_VOTES,
     budget_on_private_votes,
     check_releasable,
     no_guarantee_reason,
     no_guarantee_statement,
+    pate_released_estimate,
     public_dataset_name,
     publishable_epsilon,
-    publishable_pate_curve,
     randomness,
     release_from_votes,
 )
@@ -57,11 +57,11 @@ ACCOUNTANT_DESCRIPTIONS = {
     "(epsilon, delta) at the best order; depends on the private votes",
     "pate-di": "data-independent Rényi DP bound of PATE's noisy aggregation (Papernot et al. 2018, "
     "Proposition 8): the worst case over all vote histograms",
-    "pate-released": "the data-dependent bound released through smooth sensitivity (Papernot et al. 2018, "
-    "Section 4.4 and Appendix C), including the cost of the release: safe to publish",
+    "pate-released": "the data-dependent epsilon released through smooth sensitivity (Papernot et al. 2018, "
+    "Section 4.4 and Appendix C), including the cost of the release: safe to publish as an estimate, not a bound "
+    "(its noise is centred on the data-dependent cost)",
 }
-PATE_EPSILON_KIND = ("publishable: the smaller of the data-independent bound and the smooth-sensitivity "
-                     "released epsilon")
+PATE_EPSILON_KIND = "the data-independent bound: it holds whatever the teachers' votes"
 
 
 def _engine_version() -> str:
@@ -113,8 +113,8 @@ def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
     statement = (
         f"{subject} satisfies ({value:.4g}, {delta:.3g})-differential privacy with respect to {UNIT_OF_PRIVACY}: "
         f"for any two training sets that differ by adding or removing one example, the probability of any "
-        f"outcome of training changes by at most a factor of e^{value:.4g}{_about_exp(value)}, except with "
-        f"probability {delta:.3g}. Mechanism: {name}; epsilon computed by the '{accountant}' accountant."
+        f"outcome of training on one is at most e^{value:.4g}{_about_exp(value)} times its probability on the "
+        f"other, plus {delta:.3g}. Mechanism: {name}; epsilon computed by the '{accountant}' accountant."
     )
     if mechanism == "pate":
         statement += pate_statement(run)
@@ -155,8 +155,8 @@ def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
                             "trusted": "every process (each sees the sum of the clipped gradients before the noise)"}
     if mechanism == "pate":
         summary = run.get("summary") or {}
-        out.update(epsilon_kind=PATE_EPSILON_KIND, epsilon_released=summary.get("epsilon_released"),
-                   epsilon_data_independent=summary.get("epsilon_data_independent"))
+        out.update(epsilon_kind=PATE_EPSILON_KIND, epsilon_data_independent=summary.get("epsilon_data_independent"),
+                   epsilon_released=pate_released_estimate(run), epsilon_released_kind=RELEASED_ESTIMATE)
     return out
 
 
@@ -175,16 +175,12 @@ def distributed_statement(run: dict[str, Any]) -> str | None:
 
 
 def pate_statement(run: dict[str, Any]) -> str:
-    """What PATE's publishable epsilon is, in words (appended to the guarantee)."""
-    summary = run.get("summary") or {}
-    released, independent = summary.get("epsilon_released"), summary.get("epsilon_data_independent")
-    parts = []
-    if independent is not None:
-        parts.append(f"the data-independent bound {independent:.4g}")
-    if released is not None and run.get("config", {}).get("aggregator") != "lnmax":
-        parts.append(f"the smooth-sensitivity release {released:.4g}")
-    text = " This epsilon is the smaller of " + " and ".join(parts) + "; both are safe to publish." if len(parts) == 2 \
-        else " This epsilon is PATE's data-independent bound: safe to publish."
+    """What PATE's epsilon is, in words (appended to the guarantee), and its released estimate if any."""
+    text = " This epsilon is PATE's data-independent bound: it holds whatever the teachers' votes."
+    estimate = pate_released_estimate(run)
+    if estimate is not None:
+        text += (f" The votes' data-dependent epsilon is estimated at {estimate:.4g}, {RELEASED_ESTIMATE}; "
+                 "this model's guarantee is the bound above.")
     return text
 
 
@@ -202,6 +198,35 @@ def _exact_statistics(plan: dict[str, Any]) -> bool:
     return "training split" in str((plan.get("normalization") or {}).get("source", ""))
 
 
+GROUP_SIZES = (2, 3, 5)
+"""Group sizes (rows of one person) whose guarantee the caveats state."""
+
+
+def _bound(x: float, digits: int) -> str:
+    """A bound to `digits` significant digits, rounded up, without trailing zeros: 0.0002919 -> "0.0003"."""
+    from engine.attack_risk import round_up
+
+    return f"{float(round_up(x, digits)):.{digits}g}"
+
+
+def group_privacy_caveat(run: dict[str, Any]) -> str:
+    """The unit of privacy (one row), and what is left for a person with several rows: the group bound
+    for k = GROUP_SIZES rows at this run's epsilon (engine.privacy.group), or that it bounds nothing."""
+    from engine.privacy.group import group_bound
+
+    text = ("The unit of privacy is one training example: one row of the data. A person with k rows is covered "
+            "only by the group bound (kε, k·e^((k−1)ε)·δ)")
+    eps = publishable_epsilon(run)
+    if not eps.holds or eps.value is None or eps.delta is None:
+        return text + "."
+    bounds = []
+    for k in GROUP_SIZES:
+        bound = group_bound(epsilon=eps.value, delta=eps.delta, group_size=k)
+        bounds.append(f"{k} rows, no guarantee (δ would be {_bound(bound.delta, 2)} ≥ 1)" if bound.vacuous else
+                      f"{k} rows, ε = {_bound(bound.epsilon, 4)} and δ = {_bound(bound.delta, 2)}")
+    return text + ": " + "; ".join(bounds) + "."
+
+
 def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     """What the guarantee does and does not cover, in plain words."""
     from engine.audit_run import audit_model_line
@@ -210,16 +235,16 @@ def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     if run["mechanism"] == "none":
         return ["This is a non-private baseline: the model may reveal its training examples."] + audit_model
     items = [
-        "The guarantee protects each single training example. A person who contributed k examples is "
-        "protected with roughly k times the epsilon (group privacy), and more delta.",
+        group_privacy_caveat(run),
         "Treated as public: the size of the training set. Under add/remove neighbours the guarantee hides "
         "whether one example was present, not how many examples there were; the report states the size.",
         "Treated as public: the test metrics. Test accuracy is measured on held-out data, without privacy: "
         "the guarantee does not protect that data, and if it is sensitive the reported accuracies reveal "
         "something about it.",
-        f"Tuning study: {publishable_epsilon(run).note}." if publishable_epsilon(run).note else
-        "It covers this one run. Trying several settings on the same data and publishing the best run "
-        "spends privacy for every run tried; their epsilons add up (at least), and this report counts one.",
+        (f"Tuning study: {publishable_epsilon(run).note}." if publishable_epsilon(run).note else
+         "This epsilon covers this one run. Trying several settings on the same data and publishing the best "
+         "run spends privacy for every run tried; their epsilons add up (at least), and this epsilon counts "
+         "one.") + " The total spent on the dataset by all its runs is stated by `dpw ledger`.",
     ]
     if run["mechanism"] == "pate":
         items.insert(2, "Treated as public: the number of teachers (and so the size of each teacher's shard), "
@@ -244,9 +269,9 @@ def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
         if release_from_votes(run):
             items.append(
                 "The smooth-sensitivity release's parameters (order, beta, sigma) were chosen by looking at the "
-                "private votes (release_parameters = \"data-dependent\"): the released epsilon does not cover "
-                "that choice, so it is not used and the run states its data-independent epsilon. Fix them from "
-                "public settings (the default) for a release that counts."
+                "private votes (release_parameters = \"data-dependent\"): its estimate of the data-dependent "
+                "epsilon does not cover that choice and is not shown. Fix them from public settings (the default) "
+                "for an estimate that is shown."
             )
         if budget_on_private_votes(run):
             items.insert(0,
@@ -423,7 +448,7 @@ def pate_section(store: Store, run: dict[str, Any], summary: dict[str, Any], *, 
         "queries_asked": summary.get("queries"),
         "queries_answered": summary.get("answered"),
         "epsilon_data_independent": summary.get("epsilon_data_independent"),
-        "epsilon_released": summary.get("epsilon_released"),
+        "epsilon_released": pate_released_estimate(run),
         "smooth_sensitivity_release": summary.get("release"),
         "label_accuracy": summary.get("label_accuracy"),
         "semi_supervised": config.get("semi_supervised"),
@@ -449,11 +474,9 @@ def curves(store: Store, run: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"test_accuracy": {"step": [m["step"] for m in acc], "value": [m["value"] for m in acc]}}
     if run["mechanism"] == "pate":
         di = store.privacy(run_id, PATE_DATA_INDEPENDENT)
-        released = [] if release_from_votes(run) else store.privacy(run_id, PATE_RELEASED)
-        x, y = publishable_pate_curve([p["step"] for p in di], [p["epsilon"] for p in di],
-                                      (released[-1]["step"], released[-1]["epsilon"]) if released else None)
-        if x.size:
-            result["epsilon_publishable"] = {"step": [int(v) for v in x], "value": [float(v) for v in y]}
+        if di:
+            result["epsilon_publishable"] = {"step": [int(p["step"]) for p in di],
+                                             "value": [float(p["epsilon"]) for p in di]}
         return result
     for accountant in sorted({p["accountant"] for p in store.privacy(run_id)}):
         rows = store.privacy(run_id, accountant)
@@ -614,18 +637,8 @@ def render_html(report: dict[str, Any]) -> str:
                                                       "software": report["software"]}))
     parts.append("<h3>Config</h3>" + _table(report["config"]))
     if report.get("audit"):
-        mia = report["audit"]["mia"]
-        parts.append("<h2>Membership-inference audit (PRIVATE: computed from the training data)</h2>" + _table({
-            "attack": report["audit"]["attack"],
-            "computed": report["audit"].get("computed", "with this report"),
-            "examples": f"{mia['members']} members, {mia['nonmembers']} non-members",
-            "AUC": f"{mia['auc']:.4f} [{mia['auc_interval'][0]:.4f}, {mia['auc_interval'][1]:.4f}] "
-                   f"({100 * mia['confidence']:g}% bootstrap)",
-            **{f"TPR at FPR {100 * float(k):g}%": f"{100 * v:.3g}% [{100 * mia['tpr_interval'][k][0]:.3g}%, "
-               f"{100 * mia['tpr_interval'][k][1]:.3g}%]" for k, v in mia["tpr_at_fpr"].items()},
-            "theory check": mia["theory"]["message"] if mia.get("theory") else "no guarantee to check against",
-            "canary audit": _canary_text(report["audit"].get("canaries")),
-        }))
+        parts.append("<h2>Membership-inference audit (PRIVATE: computed from the training data)</h2>"
+                     + _table(audit_rows(report["audit"])))
     if report.get("pate", {}).get("votes") is not None:
         parts.append("<h2>Teacher votes (PRIVATE)</h2><table><tr><th>query</th><th>histogram</th><th>answered</th>"
                      "<th>label</th></tr>" + "".join(
@@ -635,13 +648,30 @@ def render_html(report: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def _canary_text(canaries: dict[str, Any] | None) -> str:
-    """The one-run canary audit in words (engine.audit_run.canary_result)."""
-    if not canaries:
-        return "none (the run had no audit_canaries)"
-    return (f"epsilon >= {canaries['epsilon_lower_bound']:.3g} at delta {canaries['delta']:g} "
-            f"({100 * canaries['confidence']:g}% confidence): {canaries['correct']} of {canaries['guesses']} "
-            f"guesses right about {canaries['count']} {canaries['kind']} canaries")
+def audit_rows(audit: dict[str, Any]) -> dict[str, str]:
+    """The report's audit table from a `dpw audit --json` object: a TPR below FPR 1 / non-members is
+    stated as not measurable, and the theory check in words (engine.audit.membership)."""
+    from engine.audit.membership import not_measurable, theory_check_text
+    from engine.audit_run import canary_text
+
+    mia = audit["mia"]
+    rows = {
+        "attack": audit["attack"],
+        "computed": audit.get("computed", "with this report"),
+        "examples": f"{mia['members']} members, {mia['nonmembers']} non-members",
+        "AUC": f"{mia['auc']:.4f} [{mia['auc_interval'][0]:.4f}, {mia['auc_interval'][1]:.4f}] "
+               f"({100 * mia['confidence']:g}% bootstrap)",
+    }
+    for key, tpr in mia["tpr_at_fpr"].items():
+        why = not_measurable(float(key), mia["nonmembers"])
+        lo, hi = mia["tpr_interval"].get(key) or (None, None)
+        rows[f"TPR at FPR {100 * float(key):g}%"] = why if tpr is None or why else (
+            f"{100 * tpr:.3g}% [{100 * lo:.3g}%, {100 * hi:.3g}%]")
+    theory = mia.get("theory")
+    rows["theory check"] = (theory_check_text(theory, members=mia["members"], nonmembers=mia["nonmembers"])
+                            if theory else "no guarantee to check against")
+    rows["canary audit"] = canary_text(audit.get("canaries"))
+    return rows
 
 
 def write_report(store: Store, run_ref: str | int, out: str | Path, *, include_votes: bool = False,

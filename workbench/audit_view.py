@@ -43,6 +43,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.attack_risk import percent_up
+from engine.audit.membership import not_measurable, theory_check_text
 from engine.audit_job import MEMBERSHIP_AUDIT_KEY
 from workbench.plots import Plot, set_curve
 
@@ -125,9 +126,13 @@ def audit_figure(*, theory: dict[str, Any] | None, audit: dict[str, Any] | None,
                     f"[{lo:.3f}, {hi:.3f}] at {100 * mia['confidence']:g}%.")
         if audit.get("computed"):
             roc_note += f" Computed {audit['computed'].replace('T', ' ')[:16]} UTC."
+        for level in FPR_LEVELS:
+            if (why := not_measurable(float(level), mia["nonmembers"])) is not None:
+                roc_note += f" TPR at FPR {100 * float(level):g}%: {why}."
         check = mia.get("theory") or {}
-        if check.get("message") and not check.get("above_theory"):
-            roc_note += f" Check: {check['message']}; a point of the curve may cross the bound by chance."
+        if check and not check.get("above_theory"):
+            roc_note += (" Check: " + theory_check_text(check, members=mia["members"], nonmembers=mia["nonmembers"])
+                         + ". A point of the curve may cross the bound by chance.")
         if check.get("above_theory"):
             worst = check.get("worst") or {}
             banner = ("BUG OR BROKEN ASSUMPTION: the attack's ROC lies above the best test this guarantee allows, "
@@ -165,9 +170,12 @@ def audit_figure(*, theory: dict[str, Any] | None, audit: dict[str, Any] | None,
         bound = theory_tpr.get(level)
         shown = f"≤ {percent_up(bound)}" if bound is not None else "—"
         attack, interval = "—", "—"
-        if mia:
+        why = not_measurable(float(level), mia["nonmembers"]) if mia else None
+        if why:  # the attack's note gives the reason (how many non-members, how many it needs)
+            attack = "not measurable"
+        elif mia:
             attack = _percent(mia["tpr_at_fpr"].get(level))
-            lo, hi = mia["tpr_interval"].get(level, (None, None))
+            lo, hi = mia["tpr_interval"].get(level) or (None, None)
             interval = f"[{_percent(lo)}, {_percent(hi)}]"
         table.append((f"TPR at FPR {100 * float(level):g}%", shown, attack, interval))
     advantage = (theory or {}).get("max_advantage")

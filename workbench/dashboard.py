@@ -27,8 +27,8 @@ from engine.publication import (
     budget_on_private_votes,
     no_guarantee_reason,
     pate_publishable,
+    pate_released_estimate,
     publishable_epsilon,
-    release_from_votes,
 )
 from workbench.plots import Plot, accountant_colour, set_curve, set_line_label
 from workbench.progress import progress, seconds_left, shown_phase
@@ -364,16 +364,15 @@ class Dashboard(QWidget):
         spent = None
         if data.mechanism == "pate":
             di, dd = data.privacy.get("pate-di"), data.privacy.get("pate-dd")
-            released = data.privacy.get("pate-released")
-            value, accountant = pate_publishable(di.last() if di is not None else None,
-                                                 released.last() if released is not None else None,
-                                                 parameters_from_votes=release_from_votes(data.as_run()))
+            value, accountant = pate_publishable(di.last() if di is not None else None)
             if value is not None:
                 where = f", query {int(di.x[-1]):,}" if di is not None and len(di) else ""
                 delta = data.summary.get("delta", data.config.get("delta"))
                 at_delta = f", δ {float(delta):g}" if isinstance(delta, (int, float)) else ""
                 kind = accountant if study is not None else f"publishable, {accountant}"
                 parts.append(f"{alone}ε {value:.3g} ({kind}{at_delta}{where})")
+            if (estimate := pate_released_estimate(data.as_run())) is not None:
+                parts.append(f"data-dependent ε ≈ {estimate:.3g} (released estimate, not a bound)")
             if dd is not None and len(dd):
                 parts.append(f"data-dependent ε {dd.last():.3g} (private diagnostic, not publishable)")
             run = {"mechanism": data.mechanism, "config": data.config}
@@ -434,7 +433,7 @@ class Dashboard(QWidget):
             if item is None:
                 label = {"pate-dd": "data-dependent (private diagnostic, not publishable)",
                          "pate-di": "data-independent (publishable)",
-                         "pate-released": "released (smooth sensitivity, publishable)",
+                         "pate-released": "released estimate of data-dependent (not a bound)",
                          "rdp": "rdp (live upper bound, looser)"}.get(name, name)
                 style = Qt.PenStyle.DashLine if name in ("rdp", "pate-dd") else Qt.PenStyle.SolidLine
                 item = plot.curve(label, accountant_colour(name), style=style,

@@ -113,8 +113,9 @@ def _pate_tpr_at_1_percent(config_items: tuple) -> float:
 
 
 def _pate(config: RunConfig, size: DataSize) -> str:
-    """Data-independent epsilon of answering every query (the data-dependent one is usually far
-    smaller and known only once the teachers vote)."""
+    """The guarantee a PATE run will state: the data-independent epsilon of answering every query (the
+    data-dependent one is usually far smaller, but is known only once the teachers vote and is then
+    shown only as a released estimate, not a bound)."""
     from engine.privacy.pate import epsilon_if_all_answered
 
     eps = epsilon_if_all_answered(mechanism=config.aggregator, num_queries=config.num_queries, delta=config.delta,
@@ -125,8 +126,9 @@ def _pate(config: RunConfig, size: DataSize) -> str:
     keys = ("aggregator", "num_queries", "gnmax_sigma", "sigma1", "sigma2", "laplace_scale")
     tpr = _pate_tpr_at_1_percent(tuple((k, getattr(config, k)) for k in keys))
     attacker = attacker_line(config, tpr)
-    return (f"Data-independent bound if all {config.num_queries:,} queries were answered: ε ≤ {value} at "
-            f"δ = {config.delta:g}; the released ε (smooth sensitivity) is usually much smaller.\n"
+    return (f"Guarantee if all {config.num_queries:,} queries were answered: ε ≤ {value} at δ = {config.delta:g} "
+            "(data-independent; the data-dependent ε, usually much smaller, is shown after the run as an "
+            "estimate, not a bound).\n"
             f"{config.num_teachers:,} teachers of about {shard:,} examples each.\n"
             + (attacker if attacker.startswith(NO_BOUND) else attacker.removesuffix(".") +
                " (if every query were answered)."))

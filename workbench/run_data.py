@@ -161,20 +161,12 @@ class RunData:
         return elapsed / done * (self.total - self.done)
 
     def epsilon_series(self) -> tuple[str | None, Series | None]:
-        """The curve of the reported epsilon: the run's accountant, else the live one. PATE: the
-        publishable epsilon (engine.publication: data-independent, then min with the release)."""
+        """The curve of the reported epsilon: the run's accountant, else the live one. PATE: its
+        guarantee, the data-independent bound (engine.publication)."""
         if not self.privacy:
             return None, None
         if self.mechanism == "pate" and "pate-di" in self.privacy:
-            from engine.publication import publishable_pate_curve, release_from_votes
-
-            di, released = self.privacy["pate-di"], self.privacy.get("pate-released")
-            if release_from_votes(self.as_run()):
-                released = None  # a release tuned on the votes is not used (stored by older versions)
-            x, y = publishable_pate_curve(di.x, di.y, (released.x[-1], released.y[-1]) if released else None)
-            series = Series()
-            series.extend(x, y)
-            return "publishable", series
+            return "publishable", self.privacy["pate-di"]
         for name in (self.plan.get("accountant"), self.config.get("accountant"), "pate-dd", "pld", "rdp"):
             if name in self.privacy:
                 return name, self.privacy[name]

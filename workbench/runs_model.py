@@ -155,8 +155,8 @@ def epsilon_tooltip(row: dict[str, Any]) -> str:
     if study:  # a study's run states the study's epsilon (engine.publication)
         return f"ε at δ = {eps.delta:g} ({eps.accountant}).\n{study}"
     if row.get("mechanism") == "pate":
-        return (f"Publishable ε ({eps.accountant}): the smaller of PATE's data-independent bound and its "
-                f"smooth-sensitivity release, δ = {eps.delta:g}.")
+        return (f"ε at δ = {eps.delta:g} ({eps.accountant}): PATE's data-independent bound, which holds whatever "
+                "the teachers' votes.")
     return f"ε at δ = {eps.delta:g} ({eps.accountant} accountant)."
 
 

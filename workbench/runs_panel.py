@@ -60,7 +60,8 @@ def result_values(row: dict[str, Any]) -> list[tuple[str, str]]:
         "status": row.get("status"),
         "epsilon": "∞ (non-private)" if row.get("mechanism") == "none" else
         (None if eps.value is None else "∞ (no finite guarantee: the noise bounds nothing)"
-         if eps.value == float("inf") else f"{eps.value:.4g}" + ("" if eps.guarantee else " (no guarantee)")),
+         if eps.value == float("inf") else f"{eps.value:.4g}" + ("" if eps.guarantee else " (no guarantee)")
+         + eps.at_step(row.get("steps_done"))),
         "delta": None if eps.delta is None else f"{eps.delta:g}",
         "accountant": eps.accountant,
         "epsilon_budget": None if row.get("epsilon_budget") is None else f"{row['epsilon_budget']:g}",

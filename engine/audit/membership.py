@@ -13,6 +13,11 @@ and a check against the theoretical trade-off curve of the run's guarantee (engi
     probability split between the two samples). A point with tpr_hat - e_m above the theory
     curve at fpr_hat + e_n contradicts the guarantee at that confidence: a bug or a broken
     assumption (e.g. the model was trained on more than the run accounted for). It is flagged.
+    Otherwise the ROC is "not significantly above" the curve, which is weak evidence with few
+    examples: the check states its resolution, the smallest TPR at FPR 1% it would have flagged.
+
+A TPR at an FPR below 1 / non-members is not measured (only FPR 0 is left below it, and a bootstrap
+interval at that extreme is not valid): it is None, with the reason.
 
 The attack is the simplest one (a global loss threshold); it lower-bounds what an attacker can do,
 never the guarantee. Numbers near AUC 0.5 say this attack failed, not that no attack succeeds.
@@ -27,18 +32,24 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-__all__ = ["MembershipAudit", "TheoryCheck", "auc", "membership_audit", "roc_curve", "tpr_at_fpr"]
+__all__ = ["MembershipAudit", "TheoryCheck", "auc", "membership_audit", "not_measurable", "restated",
+           "roc_curve", "theory_check_short", "theory_check_text", "tpr_at_fpr"]
 
 FPR_LEVELS = (0.01, 0.001)
+RESOLUTION_FPR = 0.01
+"""The FPR at which the theory check states its resolution (the smallest TPR it would flag)."""
+LOWER_BOUND_NOTE = "one attack gives a lower bound on the risk: its failing cannot confirm the guarantee"
 
 
 @dataclass(frozen=True)
 class TheoryCheck:
-    """Whether the empirical ROC lies under the theory curve, simultaneously at `confidence`.
+    """Whether the empirical ROC rises above the theory curve, simultaneously at `confidence`.
 
     `above_theory` is True when some threshold's TPR lower bound exceeds the theory's TPR at that
     threshold's FPR upper bound; `worst` is the point with the largest such margin (fpr, tpr,
     tpr_lower, fpr_upper, theory_tpr, margin), reported whether or not it is a violation.
+    `resolution`: the smallest measured TPR at FPR `RESOLUTION_FPR` the check would flag (1.0: none),
+    which says how large a violation the band could have seen.
     """
 
     above_theory: bool
@@ -47,23 +58,25 @@ class TheoryCheck:
     band_nonmembers: float
     worst: dict[str, float]
     message: str
+    resolution: dict[str, float] | None = None
 
     def to_json(self) -> dict:
         return {"above_theory": self.above_theory, "confidence": self.confidence,
                 "band": {"members": self.band_members, "nonmembers": self.band_nonmembers},
-                "worst": self.worst, "message": self.message}
+                "worst": self.worst, "resolution": self.resolution, "message": self.message}
 
 
 @dataclass(frozen=True)
 class MembershipAudit:
-    """The statements of a membership-inference audit, each interval at `confidence`."""
+    """The statements of a membership-inference audit, each interval at `confidence`. A TPR at an FPR
+    below 1 / nonmembers is None (not_measurable says why), with no interval."""
 
     members: int
     nonmembers: int
     auc: float
     auc_interval: tuple[float, float]
-    tpr_at_fpr: dict[float, float]
-    tpr_interval: dict[float, tuple[float, float]]
+    tpr_at_fpr: dict[float, float | None]
+    tpr_interval: dict[float, tuple[float, float] | None]
     roc_fpr: np.ndarray
     roc_tpr: np.ndarray
     confidence: float
@@ -76,7 +89,9 @@ class MembershipAudit:
             "auc": self.auc,
             "auc_interval": list(self.auc_interval),
             "tpr_at_fpr": {f"{k:g}": v for k, v in self.tpr_at_fpr.items()},
-            "tpr_interval": {f"{k:g}": list(v) for k, v in self.tpr_interval.items()},
+            "tpr_interval": {f"{k:g}": None if v is None else list(v) for k, v in self.tpr_interval.items()},
+            "tpr_not_measurable": {f"{k:g}": why for k in self.tpr_at_fpr
+                                   if (why := not_measurable(k, self.nonmembers)) is not None},
             "confidence": self.confidence,
             "bootstrap": self.bootstrap,
             "members": self.members,
@@ -142,6 +157,69 @@ def tpr_at_fpr(*, member_scores, nonmember_scores, fpr: float) -> float:
     return float(_tpr_rows(m, n, float(fpr)))
 
 
+def _percent(x: float) -> str:
+    return f"{100 * x:g}%"
+
+
+def not_measurable(level: float, nonmembers: int) -> str | None:
+    """Why TPR at FPR `level` cannot be measured from `nonmembers` held-out examples, None when it can:
+    below FPR 1 / nonmembers the only rule left is FPR 0, where a bootstrap interval is not valid."""
+    if level * nonmembers >= 1.0 - 1e-9:
+        return None
+    return (f"not measurable with {nonmembers:,} non-members (FPR {_percent(level)} needs at least "
+            f"{math.ceil(1.0 / level - 1e-9):,})")
+
+
+def _resolution_words(theory: dict) -> str | None:
+    """"only a TPR above 27.2% at FPR 1% would have been flagged" from a TheoryCheck's JSON (None for one
+    recorded before the resolution was)."""
+    resolution = theory.get("resolution")
+    if not resolution:
+        return None
+    at = f"at FPR {_percent(resolution['fpr'])}"
+    if resolution["tpr"] >= 1.0:
+        return f"no TPR {at} would have been flagged"
+    return f"only a TPR above {100 * resolution['tpr']:.3g}% {at} would have been flagged"
+
+
+def theory_check_text(theory: dict, *, members: int, nonmembers: int) -> str:
+    """The theory check in words, from a TheoryCheck's JSON: a violation as found; otherwise "not
+    significantly above", how large a rise the band could see, and that one attack confirms nothing."""
+    if theory.get("above_theory"):
+        return theory["message"]
+    band = f"{100 * theory['confidence']:g}% band"
+    words = _resolution_words(theory)
+    if words is not None:
+        band += f": with {members:,} members and {nonmembers:,} non-members, {words}"
+    return f"not significantly above the guarantee's curve ({band}); {LOWER_BOUND_NOTE}"
+
+
+def theory_check_short(theory: dict) -> str:
+    """The theory check in a few words, for a one-line summary."""
+    if theory.get("above_theory"):
+        return "ABOVE the guarantee's curve: a bug or a broken assumption"
+    words = _resolution_words(theory)
+    return ("not significantly above the guarantee's curve" + (f", where {words}" if words else "")
+            + "; a lower bound on the risk, not a confirmation")
+
+
+def restated(mia: dict) -> dict:
+    """A MembershipAudit's JSON kept from an earlier version, with today's statements: TPRs below FPR
+    1 / non-members as None with the reason, and the theory check's words."""
+    out = {**mia, "tpr_at_fpr": dict(mia["tpr_at_fpr"]), "tpr_interval": dict(mia["tpr_interval"]),
+           "tpr_not_measurable": {}}
+    for key in mia["tpr_at_fpr"]:
+        why = not_measurable(float(key), mia["nonmembers"])
+        if why is not None:
+            out["tpr_at_fpr"][key] = out["tpr_interval"][key] = None
+            out["tpr_not_measurable"][key] = why
+    theory = mia.get("theory")
+    if theory and not theory.get("above_theory"):
+        out["theory"] = {**theory, "message": theory_check_text(theory, members=mia["members"],
+                                                                nonmembers=mia["nonmembers"])}
+    return out
+
+
 def _dkw_band(n: int, miss: float) -> float:
     """e with P(sup |F_n - F| > e) <= miss for n samples (DKW with Massart's constant)."""
     return math.sqrt(math.log(2.0 / miss) / (2.0 * n))
@@ -175,15 +253,17 @@ def check_against_theory(*, member_scores, nonmember_scores, theory_fpr, theory_
     worst = {"fpr": float(fpr[i]), "tpr": float(tpr[i]), "tpr_lower": float(tpr_lower[i]),
              "fpr_upper": float(fpr_upper[i]), "theory_tpr": float(theory[i]), "margin": float(margin[i])}
     above = bool(margin[i] > 0.0)
+    flagged_from = float(_theory_at(grid, curve, np.array([RESOLUTION_FPR + band_n]))[0]) + band_m
+    resolution = {"fpr": RESOLUTION_FPR, "tpr": min(flagged_from, 1.0)}
     if above:
         message = (f"EMPIRICAL ROC ABOVE THE THEORETICAL BOUND: at FPR {fpr[i]:.4g} the attack reaches TPR "
                    f"{tpr[i]:.4g} (at least {tpr_lower[i]:.4g} at {100 * c:g}% confidence), the guarantee allows "
                    f"at most {theory[i]:.4g} at FPR {fpr_upper[i]:.4g}: a bug or a broken assumption "
                    f"(the guarantee does not hold for this model as trained)")
     else:
-        message = (f"the empirical ROC lies under the theoretical trade-off curve (simultaneous "
-                   f"{100 * c:g}% band)")
-    return TheoryCheck(above, c, band_m, band_n, worst, message)
+        message = theory_check_text({"above_theory": False, "confidence": c, "resolution": resolution},
+                                    members=m.size, nonmembers=n.size)
+    return TheoryCheck(above, c, band_m, band_n, worst, message, resolution)
 
 
 def _confidence(value: float) -> float:
@@ -204,8 +284,9 @@ def membership_audit(
     theory_fpr=None,
     theory_tpr=None,
 ) -> MembershipAudit:
-    """AUC, TPR at `fpr_levels` with percentile bootstrap intervals at `confidence`, the ROC curve,
-    and (given the theory curve) the check that the ROC lies under it.
+    """AUC, TPR at `fpr_levels` with percentile bootstrap intervals at `confidence` (None at a level
+    below 1 / non-members: not_measurable), the ROC curve, and (given the theory curve) the check that
+    the ROC does not rise above it.
 
     `rng` drives the bootstrap resampling only (pass a seeded generator for repeatable intervals).
     """
@@ -217,21 +298,22 @@ def membership_audit(
     levels = [float(a) for a in fpr_levels]
     fpr, tpr = roc_curve(member_scores=m, nonmember_scores=n)
     point_auc = float(_auc_rows(m, n))
-    point_tpr = {a: float(_tpr_rows(m, n, a)) for a in levels}
+    measurable = [a for a in levels if not_measurable(a, n.size) is None]
+    point_tpr = {a: float(_tpr_rows(m, n, a)) if a in measurable else None for a in levels}
     lo_q, hi_q = (1.0 - c) / 2.0, (1.0 + c) / 2.0
-    aucs, tprs = [], {a: [] for a in levels}
+    aucs, tprs = [], {a: [] for a in measurable}
     chunk = max(1, 2_000_000 // (m.size + n.size))  # bound the memory of a resample block
     for start in range(0, int(bootstrap), chunk):
         rows = min(chunk, int(bootstrap) - start)
         bm = m[rng.integers(0, m.size, size=(rows, m.size))]
         bn = n[rng.integers(0, n.size, size=(rows, n.size))]
         aucs.append(_auc_rows(bm, bn))
-        for a in levels:
+        for a in measurable:
             tprs[a].append(_tpr_rows(bm, bn, a))
     all_auc = np.concatenate(aucs)
     auc_interval = (float(np.quantile(all_auc, lo_q)), float(np.quantile(all_auc, hi_q)))
-    tpr_interval = {}
-    for a in levels:
+    tpr_interval = {a: None for a in levels}
+    for a in measurable:
         values = np.concatenate(tprs[a])
         tpr_interval[a] = (float(np.quantile(values, lo_q)), float(np.quantile(values, hi_q)))
     theory = None

@@ -14,9 +14,10 @@ Epsilons of a run:
 - released ("pate-released"): the data-dependent cost plus Gaussian noise scaled to its smooth
   sensitivity, plus the cost of that release (Papernot et al. 2018, App. C), with its order, beta
   and sigma fixed from public settings by default (`release_parameters`). For LNMax it is the
-  data-independent value.
-The run's `epsilon` column holds the publishable one, min(data-independent, released), with the
-accountant that gave it (engine.publication decides this for every view).
+  data-independent value. Safe to show, as an estimate of the data-dependent cost: its noise is
+  centred on that cost, so it bounds nothing.
+The run's `epsilon` column holds the guarantee, the data-independent bound (engine.publication
+decides this for every view).
 
 Store note: the `votes` table holds the teachers' raw vote counts, which are NOT private outputs
 (only what the aggregator released is); keep the store file inside the trust boundary.
@@ -384,21 +385,21 @@ class PreparedPATERun:
                                                  num_teachers=config.num_teachers, **params.analysis,
                                                  **release_parameters(config, self.data.num_classes))
             result.released = rel
-            # Publishable: min(released, data-independent) (engine.publication), post-processing of two
-            # released values, when the release's own parameters were fixed before the votes (the
-            # default). At an order where conditions C5-C6 fail the release's own analysis does not
-            # hold, and parameters chosen from the votes are a choice it does not cover: unused then.
+            # Shown as an estimate beside the guarantee (engine.publication) when the release's own
+            # parameters were fixed before the votes (the default). At an order where conditions C5-C6
+            # fail the release's own analysis does not hold, and parameters chosen from the votes are a
+            # choice it does not cover: not shown then.
             usable = rel.conditions_hold and not rel.parameters_from_data
             result.epsilon_released = rel.epsilon_released if usable else None
             if not rel.conditions_hold:
                 emit("warning", message=f"the smooth-sensitivity conditions C5-C6 failed the numerical check at "
-                     f"order {rel.order:g}, so the released epsilon is not used: the run states its "
-                     f"data-independent epsilon (use a larger sigma, or leave release_order unset)")
+                     f"order {rel.order:g}, so no estimate of the data-dependent epsilon is shown "
+                     f"(use a larger sigma, or leave release_order unset)")
             elif rel.parameters_from_data:
                 emit("warning", message="the smooth-sensitivity release's parameters were chosen from the votes "
                      "(release_parameters = \"data-dependent\"), which its epsilon does not cover, so it is not "
-                     "used: the run states its data-independent epsilon",
-                     hint="leave release_parameters at \"data-independent\" for a release that counts")
+                     "shown",
+                     hint="leave release_parameters at \"data-independent\" for an estimate that is shown")
         if result.epsilon_released is not None:
             emit("privacy", step=n, epsilon=float(result.epsilon_released), delta=config.delta,
                  accountant="pate-released")
@@ -419,8 +420,7 @@ class PreparedPATERun:
                           accuracy=result.test_accuracy,
                           epochs_done=result.student.epochs_done if result.student else 0)
             if result.analysis is not None:
-                epsilon, accountant = pate_publishable(result.analysis.epsilon_data_independent,
-                                                       result.epsilon_released)
+                epsilon, accountant = pate_publishable(result.analysis.epsilon_data_independent)
                 fields.update(epsilon=epsilon, accountant=accountant)
         return fields
 
@@ -445,7 +445,7 @@ class PreparedPATERun:
                                            "max": float(acc.max()), "std": float(acc.std())}
         if result.analysis is not None:
             a = result.analysis
-            epsilon, accountant = pate_publishable(a.epsilon_data_independent, result.epsilon_released)
+            epsilon, accountant = pate_publishable(a.epsilon_data_independent)
             summary.update(epsilon=epsilon, accountant=accountant, epsilon_data_dependent=a.epsilon_data_dependent,
                            epsilon_data_independent=a.epsilon_data_independent, delta=a.delta, order=a.order,
                            epsilon_released=result.epsilon_released)

@@ -7,6 +7,7 @@ removing one example. Every function returns an upper bound on epsilon (or delta
     rdp.py          Renyi DP of the subsampled Gaussian and the RDP -> (eps, delta) conversion
     pld.py          privacy loss distributions: tight (eps, delta), pessimistic discretisation
     accountants.py  what the trainer, CLI and window call (named accountants, curves, budgets)
+    group.py        group privacy: the bound for k examples (one person's several rows)
     risk.py         epsilon in attacker's terms: f-DP trade-off curve, advantage, TPR, posterior
     tuning.py       a tuning study: K random candidates, best released (repeat-and-select RDP)
 """
@@ -20,6 +21,7 @@ from engine.privacy.accountants import (
     epsilon_curve,
     max_steps_within_budget,
 )
+from engine.privacy.group import GroupBound, group_bound
 from engine.privacy.pld import pld_delta, pld_epsilon
 from engine.privacy.rdp import DEFAULT_ORDERS, compute_rdp, rdp_to_epsilon
 from engine.privacy.risk import (
@@ -37,6 +39,8 @@ from engine.privacy.types import Epsilon
 
 __all__ = [
     "ACCOUNTANTS",
+    "GroupBound",
+    "group_bound",
     "AttackRisk",
     "PrivacyProfile",
     "attack_risk",

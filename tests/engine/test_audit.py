@@ -77,8 +77,9 @@ def test_bootstrap_is_repeatable_from_the_generator_and_intervals_contain_the_es
     two = membership_audit(member_scores=m, nonmember_scores=n, rng=np.random.default_rng(5), bootstrap=200)
     assert one.to_json() == two.to_json()
     assert one.auc_interval[0] <= one.auc <= one.auc_interval[1]
-    for level, (lo, hi) in one.tpr_interval.items():
-        assert 0.0 <= lo <= hi <= 1.0
+    assert one.tpr_interval[0.001] is None  # 700 non-members cannot measure FPR 0.1%
+    lo, hi = one.tpr_interval[0.01]
+    assert 0.0 <= lo <= hi <= 1.0
     assert set(one.to_json()["tpr_at_fpr"]) == {"0.01", "0.001"}
 
 
@@ -122,6 +123,63 @@ def test_a_real_dpsgd_theory_curve_flags_a_leak_it_does_not_allow():
     audit = membership_audit(member_scores=rng.normal(1.5, 1, 800), nonmember_scores=rng.normal(0, 1, 800), rng=rng,
                              bootstrap=50, theory_fpr=figures.tradeoff_fpr, theory_tpr=figures.tradeoff_tpr)
     assert audit.theory is not None and audit.theory.above_theory
+
+
+def _roc_at_one_percent(hits: int, n: int = 400) -> tuple[np.ndarray, np.ndarray]:
+    """Scores whose ROC has one informative point: FPR exactly 1% (4 of 400 non-members above the
+    threshold) with TPR hits / n; every other member scores below every non-member."""
+    nonmembers = np.arange(n, dtype=float)
+    members = np.r_[np.full(hits, n - 4.5), np.full(n - hits, -1.0)]
+    return members, nonmembers
+
+
+def test_the_theory_check_flags_exactly_the_tprs_above_its_stated_resolution():
+    """"Only a TPR above X% at FPR 1% would have been flagged": a measured TPR just above X at FPR 1%
+    is flagged, one just below is not, and the words say X and the sample sizes."""
+    figures = risk.dpsgd_attack_risk(sample_rate=0.01, noise_multiplier=3.0, steps=100, delta=1e-5)
+    curve = dict(theory_fpr=figures.tradeoff_fpr, theory_tpr=figures.tradeoff_tpr)
+    members, nonmembers = _roc_at_one_percent(0)
+    quiet = check_against_theory(member_scores=members, nonmember_scores=nonmembers, **curve)
+    resolution = quiet.resolution["tpr"]
+    assert quiet.resolution["fpr"] == 0.01 and 0.1 < resolution < 0.5
+    assert resolution > figures.tpr_at_fpr[0.01] + quiet.band_members  # far above what the guarantee allows
+    above = math.floor(resolution * 400) + 1
+    for hits, flagged in ((above, True), (above - 1, False)):
+        members, nonmembers = _roc_at_one_percent(hits)
+        check = check_against_theory(member_scores=members, nonmember_scores=nonmembers, **curve)
+        assert check.above_theory is flagged, hits
+    text = quiet.message
+    assert text.startswith("not significantly above the guarantee's curve (95% band: with 400 members and 400 "
+                           f"non-members, only a TPR above {100 * resolution:.3g}% at FPR 1% would have been flagged)")
+    assert "lower bound on the risk" in text and "cannot confirm the guarantee" in text and "under" not in text
+
+
+def test_tpr_below_one_over_the_non_members_is_not_measured():
+    """With 359 non-members the smallest non-zero FPR is 0.28%: TPR at FPR 0.1% is None, without an interval,
+    with the reason; 1,000 non-members measure it."""
+    rng = np.random.default_rng(7)
+    few = membership_audit(member_scores=rng.normal(0, 1, 359), nonmember_scores=rng.normal(0, 1, 359), rng=rng,
+                           bootstrap=20)
+    assert few.tpr_at_fpr[0.001] is None and few.tpr_interval[0.001] is None and few.tpr_at_fpr[0.01] is not None
+    body = few.to_json()
+    assert body["tpr_at_fpr"]["0.001"] is None and body["tpr_interval"]["0.001"] is None
+    assert body["tpr_not_measurable"] == {"0.001": "not measurable with 359 non-members (FPR 0.1% needs at least "
+                                                    "1,000)"}
+    enough = membership_audit(member_scores=rng.normal(0, 1, 500), nonmember_scores=rng.normal(0, 1, 1000),
+                              rng=rng, bootstrap=20)
+    assert enough.tpr_at_fpr[0.001] is not None and enough.to_json()["tpr_not_measurable"] == {}
+
+
+def test_an_audit_kept_by_an_earlier_version_is_restated_in_todays_words():
+    kept = {"members": 359, "nonmembers": 359, "tpr_at_fpr": {"0.01": 0.0084, "0.001": 0.0056},
+            "tpr_interval": {"0.01": [0.0, 0.02], "0.001": [0.0, 0.0167]},
+            "theory": {"above_theory": False, "confidence": 0.95, "message": "the empirical ROC lies under the "
+                       "theoretical trade-off curve (simultaneous 95% band)"}}
+    now = membership.restated(kept)
+    assert now["tpr_at_fpr"] == {"0.01": 0.0084, "0.001": None} and now["tpr_interval"]["0.001"] is None
+    assert now["tpr_not_measurable"]["0.001"].startswith("not measurable with 359 non-members")
+    assert now["theory"]["message"].startswith("not significantly above the guarantee's curve (95% band)")
+    assert kept["tpr_at_fpr"]["0.001"] == 0.0056  # the kept object itself is left as it was
 
 
 def test_bad_scores_are_refused_by_name():
@@ -207,6 +265,26 @@ def test_audit_json_shape_and_an_overfit_model_leaks_while_a_private_one_does_no
     assert abs(private["auc"] - 0.5) < 0.08, private["auc"]
     assert results["private"]["epsilon"] == pytest.approx(store.get_run(ids["private"])["epsilon"])
     assert private["theory"]["above_theory"] is False
+
+
+def test_audit_text_says_what_the_check_could_see_and_what_few_non_members_cannot_measure(digits_runs):
+    store, ids = digits_runs
+    text = _invoke("audit", str(ids["private"]), "--db", str(store.path), "--bootstrap", "50").output
+    tiny = next(line for line in text.splitlines() if line.strip().startswith("TPR at FPR 0.1%"))
+    assert tiny.split("0.1%", 1)[1].strip() == "not measurable with 359 non-members (FPR 0.1% needs at least 1,000)"
+    check = next(line for line in text.splitlines() if "theory check" in line)
+    assert "not significantly above the guarantee's curve (95% band: with 359 members and 359 non-members, " \
+           "only a TPR above " in check and "% at FPR 1% would have been flagged)" in check
+    assert "cannot confirm the guarantee" in check and "lies under" not in text
+
+
+def test_show_risk_prints_the_epsilon_as_dpw_show_does(digits_runs):
+    store, ids = digits_runs
+    shown = _invoke("show", str(ids["private"]), "--db", str(store.path)).output
+    risk_text = _invoke("show", str(ids["private"]), "--db", str(store.path), "--risk").output
+    value = next(line for line in shown.splitlines() if "privacy" in line).split("ε = ")[1].split(",")[0]
+    row = next(line for line in risk_text.splitlines() if line.strip().startswith("epsilon"))
+    assert row.split()[1] == value and "(pld)" in row and "publishable" not in row
 
 
 def test_audit_text_output_and_a_run_without_a_model(digits_runs, tmp_path):

@@ -201,6 +201,16 @@ def test_dpw_audit_json_and_the_report_carry_the_canary_audit_and_export_flags_t
     assert card["audit_model"].startswith("audit model")
 
 
+def test_dpw_show_states_the_canary_bound_and_the_audit_model_in_one_line_each(audited_store):
+    store, run_id = audited_store
+    text = CliRunner().invoke(cli, ["show", str(run_id), "--db", str(store.path)]).output
+    canaries = store.get_run(run_id)["summary"]["canaries"]
+    assert (f"  canary audit   epsilon >= {canaries['epsilon_lower_bound']:.3g} at delta {canaries['delta']:g} (95% "
+            f"confidence; {canaries['correct']} of {canaries['guesses']} guesses right, 300 input canaries)\n") in text
+    assert "  audit model    trained with 300 input canaries (one-run privacy audit), which change what it learnt" \
+        in text
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_seeded_dp_runs_with_gradient_canaries_never_beat_their_epsilon(seed):
     """Gradient canaries are the tightest audit here: at epsilon 2 the bound must stay below it."""

@@ -192,6 +192,20 @@ def test_run_list_and_show_on_a_tiny_real_run(tmp_path):
     assert json.loads(dpw("list", "--db", db, "--json").stdout) == [] and not artifacts.exists()
 
 
+def test_the_summary_line_of_a_kept_audit_says_what_its_check_could_see():
+    from engine.cli import membership_line
+
+    theory = {"above_theory": False, "confidence": 0.95, "resolution": {"fpr": 0.01, "tpr": 0.2751}}
+    summary = {"membership_audit": {"mia": {"auc": 0.488, "members": 359, "nonmembers": 359,
+                                            "tpr_at_fpr": {"0.01": 0.0084, "0.001": None}, "theory": theory}}}
+    assert membership_line(summary, 1) == (
+        "loss attack AUC 0.488, TPR 0.84% at FPR 1% (not significantly above the guarantee's curve, where only a "
+        "TPR above 27.5% at FPR 1% would have been flagged; a lower bound on the risk, not a confirmation; from "
+        "private data, kept locally: dpw audit 1)")
+    summary["membership_audit"]["mia"].update(members=60, nonmembers=60)
+    assert "TPR at FPR 1% not measurable with 60 non-members" in membership_line(summary, 1)
+
+
 def test_engine_never_imports_qt():
     code = (
         "import sys, pkgutil, importlib, engine\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 from pathlib import Path
 
@@ -124,7 +125,72 @@ def test_the_guarantee_of_a_failed_run_speaks_of_what_it_released_not_of_a_model
     # An epsilon beyond a float's e^x (the RDP figure of noise 1e-9) states no "about infx".
     store.update_run(run_id, epsilon=1.21e19, accountant="rdp")
     statement = privacy_statement(store.get_run(run_id))["statement"]
-    assert "e^1.21e+19, except" in statement and "inf" not in statement
+    assert "e^1.21e+19 times its probability" in statement and "inf" not in statement
+
+
+def test_the_guarantee_in_words_adds_delta_to_the_probability(runs):
+    """(epsilon, delta)-DP: P[M(D) in S] <= e^epsilon P[M(D') in S] + delta; delta is not the probability
+    that the ratio bound fails."""
+    from engine.report import privacy_statement
+
+    store, all_runs = runs
+    run = store.get_run(all_runs["image"][0])
+    statement = privacy_statement(run)["statement"]
+    eps = run["epsilon"]
+    assert (f"the probability of any outcome of training on one is at most e^{eps:.4g} (about "
+            f"{math.exp(eps):.3g}x) times its probability on the other, plus 1e-05.") in statement
+    assert "except with probability" not in statement and "factor of" not in statement
+
+
+def _dpsgd_row(epsilon: float, delta: float) -> dict:
+    return {"id": 1, "mechanism": "dpsgd", "status": "finished", "epsilon": epsilon, "delta": delta,
+            "accountant": "pld", "config": {}, "summary": {}}
+
+
+def test_the_caveats_state_the_group_bound_for_several_rows_and_when_it_bounds_nothing():
+    from engine.report import caveats, group_privacy_caveat
+
+    text = group_privacy_caveat(_dpsgd_row(2.6809, 1e-5))
+    # By hand: 2 rows (5.3618, 2 e^2.6809 1e-5 = 2.92e-4), 3 rows (8.0427, 6.39e-3), 5 rows (13.40, 2.27).
+    assert text.startswith("The unit of privacy is one training example: one row of the data. A person with k rows "
+                           "is covered only by the group bound (kε, k·e^((k−1)ε)·δ): ")
+    assert ("2 rows, ε = 5.362 and δ = 0.0003; 3 rows, ε = 8.043 and δ = 0.0064; 5 rows, no guarantee (δ would "
+            "be 2.3 ≥ 1).") in text
+    assert text in caveats(_dpsgd_row(2.6809, 1e-5), {})
+    assert "roughly k times" not in " ".join(caveats(_dpsgd_row(2.6809, 1e-5), {}))
+    small = group_privacy_caveat(_dpsgd_row(0.5, 1e-6))
+    assert "5 rows, ε = 2.5 and δ = 3.7e-05" in small and "no guarantee" not in small  # 5 e^2 1e-6 = 3.69e-5
+
+
+def test_the_model_card_carries_the_reports_caveats_attack_figures_and_where_the_total_spend_is(runs, tmp_path):
+    store, all_runs = runs
+    run_id, _ = all_runs["image"]
+    export_run(store, run_id, tmp_path)
+    card = json.loads((tmp_path / "model_card.json").read_text())
+    report = json.loads(write_report(store, run_id, tmp_path / "report.json").read_text())
+    assert card["caveats"] == report["caveats"]
+    assert card["attacker"] == report["attacker"] and card["attacker"]["statements"]
+    assert any("This epsilon covers this one run" in c and "`dpw ledger`" in c for c in card["caveats"])
+    baseline = all_runs["baseline"][0]
+    export_run(store, baseline, tmp_path / "baseline")
+    assert json.loads((tmp_path / "baseline" / "model_card.json").read_text())["attacker"] is None
+
+
+def test_the_reports_audit_table_restates_an_audit_kept_by_an_earlier_version():
+    """A kept audit from 359 non-members had a TPR at FPR 0.1% and said its ROC "lies under" the curve."""
+    from engine.report import audit_rows
+
+    audit = {"attack": "loss threshold", "computed": "2026-01-01T00:00:00", "canaries": None, "mia": {
+        "members": 359, "nonmembers": 359, "auc": 0.49, "auc_interval": [0.45, 0.53], "confidence": 0.95,
+        "tpr_at_fpr": {"0.01": 0.0084, "0.001": 0.0056}, "tpr_interval": {"0.01": [0.0, 0.033], "0.001": [0, 0.0167]},
+        "theory": {"above_theory": False, "confidence": 0.95, "resolution": {"fpr": 0.01, "tpr": 0.2751},
+                   "message": "the empirical ROC lies under the theoretical trade-off curve"}}}
+    rows = audit_rows(audit)
+    assert rows["TPR at FPR 1%"] == "0.84% [0%, 3.3%]"
+    assert rows["TPR at FPR 0.1%"] == "not measurable with 359 non-members (FPR 0.1% needs at least 1,000)"
+    assert rows["theory check"].startswith("not significantly above the guarantee's curve (95% band: with 359 "
+                                           "members and 359 non-members, only a TPR above 27.5% at FPR 1% would "
+                                           "have been flagged); one attack gives a lower bound on the risk")
 
 
 def test_a_changed_model_file_is_detected(runs, tmp_path):

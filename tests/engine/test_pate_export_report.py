@@ -45,9 +45,8 @@ def test_the_student_exports_and_reproduces_the_engine_predictions(pate_run, tmp
         assert torch.equal(program(raw_inputs(holdout)).argmax(1), engine_pred)
     card = json.loads((tmp_path / "model_card.json").read_text())
     run = store.get_run(run_id)
-    publishable = min(run["summary"]["epsilon_data_independent"], run["summary"]["epsilon_released"])
-    assert card["privacy"]["epsilon"] == run["epsilon"] == publishable
-    assert card["privacy"]["accountant"] == run["accountant"] in ("pate-di", "pate-released")
+    assert card["privacy"]["epsilon"] == run["epsilon"] == run["summary"]["epsilon_data_independent"]
+    assert card["privacy"]["accountant"] == run["accountant"] == "pate-di"
     text = json.dumps(card)
     assert "epsilon_data_dependent" not in text and f"{run['summary']['epsilon_data_dependent']!r}" not in text
     assert "teacher_accuracy" not in text and "ensemble" not in text
@@ -70,18 +69,20 @@ def test_pate_report_states_every_epsilon_and_agrees_with_the_store(pate_run, tm
     assert pate["teachers"] == 20 and pate["aggregator"] == "confident"
     assert pate["aggregator_parameters"] == {"threshold": 13.0, "sigma1": 4.0, "sigma2": 2.0}
     assert pate["queries_asked"] == 200 and pate["queries_answered"] == summary["answered"] > 0
-    publishable = min(summary["epsilon_data_independent"], summary["epsilon_released"])
-    assert report["guarantee"]["epsilon"] == run["epsilon"] == publishable
+    assert report["guarantee"]["epsilon"] == run["epsilon"] == summary["epsilon_data_independent"]
     assert summary["epsilon_data_dependent"] <= pate["epsilon_data_independent"]
     assert pate["epsilon_released"] == summary["epsilon_released"] > 0
     assert report["guarantee"]["epsilon_released"] == pate["epsilon_released"]
-    assert "the smaller of" in report["guarantee"]["statement"]
+    statement = report["guarantee"]["statement"]
+    assert "This epsilon is PATE's data-independent bound: it holds whatever the teachers' votes." in statement
+    assert f"estimated at {pate['epsilon_released']:.4g}, released privately" in statement
+    assert "an estimate, not a bound" in statement and "an estimate, not a bound" in report["guarantee"][
+        "epsilon_released_kind"]
     assert {"torch", "numpy", "python", "dp-workbench"} <= set(report["software"])
-    assert f"{pate['epsilon_released']:.4g}" in report["guarantee"]["statement"]
     # The data-dependent epsilon is a function of the votes: neither stated nor plotted.
     assert "epsilon_data_dependent" not in json.dumps(report)
     assert set(report["curves"]) == {"test_accuracy", "epsilon_publishable"}
-    assert report["curves"]["epsilon_publishable"]["value"][-1] == publishable
+    assert report["curves"]["epsilon_publishable"]["value"][-1] == summary["epsilon_data_independent"]
     assert report["randomness"]["privacy_noise"] == "secret"
     per_class = report["utility"]["per_class_accuracy"]
     assert set(per_class) == {str(c) for c in range(10)}
@@ -136,20 +137,21 @@ def test_a_budget_on_the_data_dependent_epsilon_leaves_no_guarantee(pate_run):
     assert privacy_statement(safe)["holds"] is True
 
 
-def test_a_release_whose_parameters_came_from_the_votes_is_not_stated(pate_run):
-    """release_parameters = "data-dependent": the released epsilon does not cover the choice of its own
-    parameters, yet it was the publishable epsilon whenever it was below the data-independent bound."""
-    from engine.publication import pate_publishable, publishable_epsilon
+def test_a_release_whose_parameters_came_from_the_votes_is_not_shown(pate_run):
+    """release_parameters = "data-dependent": the released estimate does not cover the choice of its own
+    parameters; the guarantee is the data-independent bound either way."""
+    from engine.publication import pate_released_estimate, publishable_epsilon
 
     store, run_id, _ = pate_run
     run = store.get_run(run_id)
     summary = run["summary"]
     assert summary["epsilon_released"] < summary["epsilon_data_independent"]
-    assert publishable_epsilon(run).value == summary["epsilon_released"]
+    assert publishable_epsilon(run).value == summary["epsilon_data_independent"]
+    assert pate_released_estimate(run) == summary["epsilon_released"]
     tuned = dict(run, summary=dict(summary, release=dict(summary["release"], parameters_from_data=True)))
     eps = publishable_epsilon(tuned)
     assert (eps.value, eps.accountant) == (summary["epsilon_data_independent"], "pate-di") and eps.guarantee
-    assert pate_publishable(1.0, 0.5, parameters_from_votes=True) == (1.0, "pate-di")
+    assert pate_released_estimate(tuned) is None
 
 
 def test_pate_list_and_show_lead_with_the_publishable_epsilon(pate_run):
@@ -159,7 +161,7 @@ def test_pate_list_and_show_lead_with_the_publishable_epsilon(pate_run):
 
     store, run_id, _ = pate_run
     summary = store.get_run(run_id)["summary"]
-    publishable = min(summary["epsilon_data_independent"], summary["epsilon_released"])
+    publishable = summary["epsilon_data_independent"]
     runner = CliRunner()
     listed = json.loads(runner.invoke(cli, ["list", "--json", "--db", str(store.path)]).output)
     row = next(r for r in listed if r["id"] == run_id)
@@ -169,6 +171,7 @@ def test_pate_list_and_show_lead_with_the_publishable_epsilon(pate_run):
     assert "teacher_accuracy" not in shown["run"]["summary"] and "ensemble_accuracy" not in shown["run"]["summary"]
     text = runner.invoke(cli, ["show", str(run_id), "--db", str(store.path)]).output
     assert f"ε = {publishable:.4f}" in text and "not publishable" in text and "mean accuracy" not in text
+    assert f"data-dependent ε ≈ {summary['epsilon_released']:.4g}, released privately" in text
     asked = json.loads(runner.invoke(cli, ["show", str(run_id), "--json", "--include-teacher-stats",
                                            "--db", str(store.path)]).output)
     assert 0.5 < asked["run"]["summary"]["teacher_accuracy"]["mean"] <= 1
@@ -182,7 +185,7 @@ def test_an_old_pate_row_with_the_data_dependent_epsilon_is_shown_with_the_publi
     old = dict(run, epsilon=run["summary"]["epsilon_data_dependent"], accountant="pate-dd",
                summary=dict(run["summary"], epsilon=run["summary"]["epsilon_data_dependent"], accountant="pate-dd"))
     eps = publishable_epsilon(old)
-    assert eps.value == run["epsilon"] and eps.accountant in ("pate-di", "pate-released")
+    assert eps.value == run["epsilon"] and eps.accountant == "pate-di"
 
 
 def test_pate_report_has_no_teacher_statistics_unless_asked_and_then_says_so_at_the_top(pate_run):

@@ -8,23 +8,51 @@ from engine.publication import (
     carries_guarantee,
     epsilon_label,
     pate_publishable,
+    pate_released_estimate,
     public_dataset_name,
     publishable_epsilon,
-    publishable_pate_curve,
     randomness,
 )
 
 
-def test_pate_publishes_the_smaller_of_data_independent_and_released():
-    assert pate_publishable(4.0, 2.5) == (2.5, "pate-released")
-    assert pate_publishable(2.0, 2.5) == (2.0, "pate-di")
-    assert pate_publishable(3.0, None) == (3.0, "pate-di")
-    assert pate_publishable(None, None) == (None, None)
-    run = {"mechanism": "pate", "epsilon": 1.0, "accountant": "pate-dd", "delta": 1e-5, "config": {"reproducible_noise": False},
+def test_pate_states_its_data_independent_bound_and_shows_the_release_as_an_estimate():
+    """The smooth-sensitivity release is safe to show but bounds nothing: it was stated as the
+    guarantee whenever it was below the data-independent bound."""
+    assert pate_publishable(4.0) == (4.0, "pate-di")
+    assert pate_publishable(None) == (None, None)
+    run = {"mechanism": "pate", "epsilon": 1.0, "accountant": "pate-dd", "delta": 1e-5,
+           "config": {"reproducible_noise": False, "aggregator": "confident"},
            "summary": {"epsilon_data_dependent": 1.0, "epsilon_data_independent": 4.0, "epsilon_released": 2.5,
                        "delta": 1e-5}}
     eps = publishable_epsilon(run)
-    assert (eps.value, eps.accountant, eps.delta, eps.guarantee) == (2.5, "pate-released", 1e-5, True)
+    assert (eps.value, eps.accountant, eps.delta, eps.guarantee) == (4.0, "pate-di", 1e-5, True)
+    assert pate_released_estimate(run) == 2.5
+    from_votes = dict(run, summary=dict(run["summary"], release={"parameters_from_data": True}))
+    assert pate_released_estimate(from_votes) is None and publishable_epsilon(from_votes).value == 4.0
+    assert pate_released_estimate(dict(run, config=dict(run["config"], aggregator="lnmax"))) is None
+    stored_older = dict(run, epsilon=2.5, accountant="pate-released", summary={})  # as older versions stored it
+    assert publishable_epsilon(stored_older).value is None
+
+
+def test_the_released_estimate_falls_below_the_data_dependent_cost_on_a_low_noise_draw():
+    """Why the release is never the guarantee: its noise is centred on the data-dependent cost."""
+    import numpy as np
+
+    from engine.privacy import pate_smooth
+
+    rng = np.random.default_rng(0)
+    votes = np.zeros((300, 10))
+    for row, top in zip(votes, rng.integers(0, 10, 300)):
+        row[top] = rng.integers(150, 250)
+        row[(top + 1) % 10] = 250 - row[top]
+    settings = dict(mechanism="confident", threshold=200.0, sigma1=150.0, sigma2=40.0)
+    fixed = pate_smooth.data_independent_parameters(num_teachers=250, num_queries=300, num_classes=10, delta=1e-5,
+                                                    **settings)
+    released = {z: pate_smooth.release_epsilon(votes=votes, delta=1e-5, noise=z, order=fixed.order, beta=fixed.beta,
+                                                sigma_ss=fixed.sigma_ss, num_teachers=250, **settings)
+                for z in (-2.0, 0.0)}
+    below = released[-2.0]
+    assert below.epsilon_released < below.epsilon_data_dependent_at_order < released[0.0].epsilon_released
 
 
 def test_reproducible_noise_means_no_guarantee_whatever_the_number():
@@ -39,13 +67,6 @@ def test_reproducible_noise_means_no_guarantee_whatever_the_number():
     assert carries_guarantee(recorded)
     assert randomness(dict(base, config={"seed": 0}))["privacy_noise"] == "seeded"
     assert epsilon_label({"mechanism": "none"}) == "∞" and not carries_guarantee({"mechanism": "none"})
-
-
-def test_the_publishable_pate_curve_drops_to_the_release_only_when_lower():
-    x, y = publishable_pate_curve([100, 200], [2.0, 4.0], (200, 2.5))
-    assert list(x) == [100, 200, 200] and list(y) == [2.0, 4.0, 2.5]
-    x, y = publishable_pate_curve([100, 200], [2.0, 4.0], (200, 5.0))
-    assert list(y) == [2.0, 4.0]
 
 
 @pytest.mark.parametrize("dataset, name", [

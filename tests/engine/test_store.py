@@ -543,7 +543,7 @@ def test_a_read_only_store_older_than_continuing_shows_its_runs(tmp_path, capsys
     assert f"run {run_id} (older): failed" in capsys.readouterr().out
 
 
-def test_a_running_run_states_its_accountants_latest_value_not_the_live_bound(store):
+def test_a_running_run_states_its_accountants_latest_value_not_the_live_bound(store, capsys):
     """While training, the row holds the latest step's live RDP bound (the ledger's safe value); views
     show the configured accountant's latest value instead of flipping between the two, so a live bound
     above the budget never reads as a breach. Once the run ends, the row's value is stated again."""
@@ -558,6 +558,15 @@ def test_a_running_run_states_its_accountants_latest_value_not_the_live_bound(st
         assert (row["epsilon"], row["accountant"]) == (0.71, "rdp")  # the ledger keeps the safe value
         eps = publishable_epsilon(row)
         assert (eps.value, eps.accountant) == (0.25, "pld") and epsilon_label(row) == "0.25"
+        # ... and say which step it covers: it sat next to a later step count, as if it covered those steps
+        assert eps.step == 10 and eps.at_step(12) == " at step 10" and eps.at_step(10) == ""
+    from engine.cli import print_summary
+    from workbench.runs_panel import result_values
+
+    running = {**store.get_run(run_id), "steps_done": 12}
+    assert dict(result_values(running))["ε (publishable)"] == "0.25 at step 10"
+    print_summary(running)
+    assert "ε = 0.2500, δ = 1e-05 (pld at step 10)" in capsys.readouterr().out
     store.update_run(run_id, status="failed")
     assert publishable_epsilon(store.get_run(run_id)).value == 0.71
 

@@ -98,7 +98,8 @@ def test_an_audit_of_a_tiny_real_run_plots_its_roc_and_is_kept_with_the_run(qtbo
     roc = curve_named(view, "attack (empirical ROC)")
     assert roc is not None and len(roc.xData) > 10
     assert not view.banner.isVisibleTo(view)  # a DP run's attack stays under its bound
-    assert view.table.item(0, 2).text().endswith("%") and view.table.item(0, 3).text().startswith("[")
+    assert view.table.item(0, 2).text() == "not measurable"  # 80 held-out rows: FPR 1% needs 100
+    assert view.table.item(3, 0).text() == "AUC" and view.table.item(3, 3).text().startswith("[")
     kept = listed(db, run_id)["summary"]["membership_audit"]
     assert kept["computed_from_private_data"] is True and kept["mia"]["roc"]["fpr"][0] == 0.0
     fresh = AuditView(db)  # a new window reads the kept audit: nothing is run again
@@ -163,6 +164,26 @@ def test_an_attack_under_the_curve_raises_no_banner():
                             bootstrap=50, theory_fpr=np.asarray(theory["tradeoff"]["fpr"]),
                             theory_tpr=np.asarray(theory["tradeoff"]["tpr"]))
     assert audit_figure(theory=theory, audit={"mia": same.to_json()}, canaries=None).banner is None
+
+
+def test_few_non_members_show_tpr_at_small_fpr_as_not_measurable_and_the_check_states_its_resolution():
+    from engine.audit import membership_audit
+
+    theory, _ = above_the_curve()
+    rng = np.random.default_rng(3)
+    few = membership_audit(member_scores=rng.normal(0, 1, 359), nonmember_scores=rng.normal(0, 1, 359), rng=rng,
+                           bootstrap=50, theory_fpr=np.asarray(theory["tradeoff"]["fpr"]),
+                           theory_tpr=np.asarray(theory["tradeoff"]["tpr"]))
+    figure = audit_figure(theory=theory, audit={"mia": few.to_json()}, canaries=None)
+    rows = {row[0]: row for row in figure.table}
+    assert rows["TPR at FPR 0.1%"][2:] == ("not measurable", "—")
+    assert rows["TPR at FPR 1%"][2].endswith("%") and rows["TPR at FPR 1%"][3].startswith("[")
+    assert "TPR at FPR 0.1%: not measurable with 359 non-members (FPR 0.1% needs at least 1,000)." in figure.roc_note
+    resolution = 100 * few.theory.resolution["tpr"]
+    assert (f"Check: not significantly above the guarantee's curve (95% band: with 359 members and 359 non-members, "
+            f"only a TPR above {resolution:.3g}% at FPR 1% would have been flagged); one attack gives a lower bound "
+            "on the risk: its failing cannot confirm the guarantee.") in figure.roc_note
+    assert "lies under" not in figure.roc_note
 
 
 def test_the_canary_bound_is_stated_as_a_number_beside_the_guarantee_when_the_run_had_canaries():

@@ -31,11 +31,11 @@ def test_runs_list_shows_the_publishable_epsilon_and_no_guarantee(qtbot):
     model = RunsModel()
     model.set_rows(rows())
     shown = {model.run_at(r)["id"]: model.data(model.index(r, EPS_COLUMN)) for r in range(model.rowCount())}
-    assert shown == {1: "3", 2: "3 (no guarantee)", 3: "2.5", 4: "∞"}
+    assert shown == {1: "3", 2: "3 (no guarantee)", 3: "4", 4: "∞"}
     tips = {model.run_at(r)["id"]: model.data(model.index(r, EPS_COLUMN), Qt.ItemDataRole.ToolTipRole)
             for r in range(model.rowCount())}
     assert tips[2].startswith("No differential privacy guarantee: the noise is reproducible from the published seed")
-    assert "pate-released" in tips[3] and "smaller of" in tips[3]
+    assert "pate-di" in tips[3] and "data-independent bound, which holds whatever the teachers' votes" in tips[3]
 
 
 def test_an_infinite_epsilon_is_shown_as_no_guarantee_in_the_list_and_the_run_details(qtbot):
@@ -57,7 +57,7 @@ def test_compare_places_pate_at_its_publishable_epsilon_and_labels_seeded_runs(q
     pate = RunData(run_id=3, mechanism="pate")
     pate.apply({"type": "metric", "step": 10, "name": "test_accuracy", "value": 0.8})
     eps, acc = accuracy_vs_epsilon(pate, rows()[2])
-    assert list(eps) == [2.5] and list(acc) == [0.8]
+    assert list(eps) == [4.0] and list(acc) == [0.8]
 
     view = CompareView()
     qtbot.addWidget(view)
@@ -72,13 +72,13 @@ def test_compare_places_pate_at_its_publishable_epsilon_and_labels_seeded_runs(q
     assert view.tradeoff.getPlotItem().getAxis("bottom").labelText == "publishable ε"
     assert " ".join(view.tradeoff.title_lines) == "Accuracy against privacy (? · DP-SGD)"  # rows name no dataset
     view.show_group(next(k for k in view.groups if k[1] == "pate"))
-    assert {spot.data(): spot.pos().x() for spot in view.scatter.points()} == {3: 2.5}
+    assert {spot.data(): spot.pos().x() for spot in view.scatter.points()} == {3: 4.0}
     view.show_group(next(k for k in view.groups if k[1] == "dpsgd"))
     labels = [item.text for _, item in view.tradeoff.legend.items]
     assert "2: seeded (no guarantee)" in labels and "1: dp" in labels
 
 
-def test_pate_epsilon_curve_is_the_publishable_one():
+def test_pate_epsilon_curve_is_the_data_independent_bound_never_the_released_estimate():
     data = RunData(run_id=1, mechanism="pate")
     for step, dd, di in ((100, 0.5, 2.0), (200, 0.9, 3.5), (300, 1.2, 4.0)):
         data.apply({"type": "privacy", "step": step, "epsilon": dd, "accountant": "pate-dd"})
@@ -86,8 +86,8 @@ def test_pate_epsilon_curve_is_the_publishable_one():
     name, series = data.epsilon_series()
     assert name == "publishable" and list(series.y) == [2.0, 3.5, 4.0]
     data.apply({"type": "privacy", "step": 300, "epsilon": 2.5, "accountant": "pate-released"})
-    name, series = data.epsilon_series()
-    assert list(series.x) == [100, 200, 300, 300] and list(series.y) == [2.0, 3.5, 4.0, 2.5]
+    name, series = data.epsilon_series()  # it dropped to the release, which bounds nothing
+    assert list(series.x) == [100, 200, 300] and list(series.y) == [2.0, 3.5, 4.0]
 
 
 def test_dashboard_header_leads_with_the_publishable_epsilon(qtbot):
@@ -95,12 +95,14 @@ def test_dashboard_header_leads_with_the_publishable_epsilon(qtbot):
 
     dashboard = Dashboard()
     qtbot.addWidget(dashboard)
-    pate = RunData(run_id=3, mechanism="pate", config={"reproducible_noise": False})
+    pate = RunData(run_id=3, mechanism="pate", config={"reproducible_noise": False, "aggregator": "confident"})
     for accountant, value in (("pate-dd", 1.2), ("pate-di", 4.0), ("pate-released", 2.5)):
         pate.apply({"type": "privacy", "step": 300, "epsilon": value, "accountant": accountant})
+    pate.summary = dict(PATE_SUMMARY)
     dashboard._budget_text(pate)
     text = dashboard.budget_label.text()
-    assert text.startswith("ε 2.5 (publishable, pate-released")
+    assert text.startswith("ε 4 (publishable, pate-di")
+    assert "data-dependent ε ≈ 2.5 (released estimate, not a bound)" in text
     assert "data-dependent ε 1.2 (private diagnostic, not publishable)" in text
 
     seeded = RunData(run_id=2, mechanism="dpsgd", config={"reproducible_noise": True, "accountant": "pld"})
