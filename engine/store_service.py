@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.errors import DPWError
+from engine.errors import explain
 from engine.store import Store
 
 
@@ -112,9 +112,14 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
 }
 
 
-def error_reply(exc: BaseException) -> dict[str, Any]:
-    return {"type": type(exc).__name__, "message": exc.message if isinstance(exc, DPWError) else str(exc),
-            "hint": getattr(exc, "hint", None), "user_error": isinstance(exc, DPWError)}
+def error_reply(exc: BaseException, *, store_path: Path | None = None) -> dict[str, Any]:
+    """A failure as the caller gets it. One that is the user's situation (a path through a file, a
+    full disk, a locked store: engine.errors.explain) is a user error in the words `dpw` uses, not
+    an exception's repr; anything else keeps its type and text."""
+    message, hint, is_bug = explain(exc, store_path=store_path)
+    if is_bug:
+        return {"type": type(exc).__name__, "message": str(exc), "hint": None, "user_error": False}
+    return {"type": type(exc).__name__, "message": message, "hint": hint, "user_error": True}
 
 
 def answer(store: Store, request: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +137,7 @@ def answer(store: Store, request: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"unknown store method {name!r}")
         reply["result"] = method(*request.get("args", []), **request.get("kwargs", {}))
     except Exception as exc:  # every failure goes back to the caller, the service keeps serving
-        reply["error"] = error_reply(exc)
+        reply["error"] = error_reply(exc, store_path=store.path)
     return reply
 
 

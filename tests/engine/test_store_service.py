@@ -179,3 +179,14 @@ def test_a_helper_that_cannot_start_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "executable", "/bin/false")  # an interpreter that exits at once, status 1
     with pytest.raises(DPWError, match=r"cannot open .*runs.sqlite: the store helper exited with status 1"):
         StoreClient(tmp_path / "runs.sqlite").wait_ready()
+
+
+def test_a_failure_that_is_the_users_situation_comes_back_in_the_words_dpw_uses():
+    """Exporting into a path through a file showed "RemoteError: NotADirectoryError: [Errno 20] ..." in
+    the window, where `dpw export` says what is wrong and what to do."""
+    from engine.store_service import error_reply
+
+    reply = error_reply(NotADirectoryError(20, "Not a directory", "/data/notes.txt/model"))
+    assert reply["user_error"] and reply["message"] == "/data/notes.txt/model: Not a directory"
+    assert reply["hint"].startswith("check the path")
+    assert error_reply(ValueError("a bug"))["user_error"] is False
