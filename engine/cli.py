@@ -332,7 +332,22 @@ def _render_runner(proc: subprocess.Popen, run_id: int, *, as_json: bool, store,
             display.close()
         if store is not None:
             store.reconcile_orphans()
+    if display and not display.show_errors and display.last_error and not _recorded(store, run_id,
+                                                                                       display.last_error):
+        click.echo(f"error: {display.last_error}", err=True)  # the summary cannot state it (e.g. the disk is full)
     return status
+
+
+def _recorded(store: Any, run_id: int, error: str) -> bool:
+    """Whether the store's row of the run states `error` (the runner's last error event), as the
+    summary printed from it would: not when the runner could not write it, e.g. to a full disk."""
+    if store is None:
+        return False
+    try:
+        row = store.get_run(run_id)
+    except DPWError:
+        return False
+    return bool(row.get("error")) and row["error"] in error
 
 
 class ProgressDisplay:
@@ -346,6 +361,7 @@ class ProgressDisplay:
 
     def __init__(self, *, show_errors: bool = True) -> None:
         self.show_errors = show_errors  # False where the run's summary, which states its error, follows
+        self.last_error: str | None = None  # the runner's last error event, with its hint
         self.bar = None
         self.phase: str | None = None
         self.done = 0
@@ -394,7 +410,9 @@ class ProgressDisplay:
             self.epsilon = event["epsilon"]
         elif kind == "metric" and event["name"] == "test_accuracy":
             self.accuracy = event["value"]
-        elif kind == "warning" or (kind == "error" and self.show_errors):
+        if kind == "error":
+            self.last_error = event["message"] + (f" — {event['hint']}" if event.get("hint") else "")
+        if kind == "warning" or (kind == "error" and self.show_errors):
             self.close()
             text = event["message"] + (f" — {event['hint']}" if event.get("hint") else "")
             click.echo(f"{kind}: {text}", err=True)

@@ -450,3 +450,33 @@ def test_ctrl_c_before_training_starts_is_one_line_and_exit_status_130(tmp_path)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, (out, err)
     assert err == "error: interrupted (Ctrl-C) before any training started\n" and "Aborted" not in out + err
+
+
+def test_an_error_the_store_could_not_record_is_printed_by_dpw_run(tmp_path, capsys):
+    """On a disk that filled up mid-run the runner's error ("the disk holding ... is full") reached
+    `dpw run` only as an event, which it hid because the summary would state the error: the summary,
+    read from the store that could not record it, said only "running"."""
+    import io
+
+    from engine.cli import _render_runner
+    from engine.config import RunConfig
+    from engine.events import encode, make_event
+    from engine.store import Store
+
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = store.create_run(RunConfig(name="full", noise_multiplier=1.0))
+    error = make_event("error", run_id, 1.0, message="the disk holding runs.sqlite is full", hint="free some space")
+
+    class Runner:
+        pid = os.getpid()
+        stdout = io.StringIO(encode(error) + "\n")
+
+        def wait(self):
+            return 1
+
+    _render_runner(Runner(), run_id, as_json=False, store=store, summary_follows=True)
+    assert "error: the disk holding runs.sqlite is full — free some space" in capsys.readouterr().err
+    store.update_run(run_id, status="failed", error="the disk holding runs.sqlite is full")
+    Runner.stdout = io.StringIO(encode(error) + "\n")
+    _render_runner(Runner(), run_id, as_json=False, store=store, summary_follows=True)
+    assert "error:" not in capsys.readouterr().err  # recorded: the summary states it, once
