@@ -133,6 +133,8 @@ class RunData:
             self.phase = phase
             self.phase_started = time.monotonic() if live else None
             self.phase_done_at_start = int(event.get("done", 0))
+            if phase == "training" and self.continues is not None:  # the continued run's steps: not this pace
+                self.phase_done_at_start = max(self.phase_done_at_start, self.continues[1])
         self.done = int(event.get("done", 0))
         self.total = int(event.get("total", 0))
 

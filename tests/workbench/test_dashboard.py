@@ -149,6 +149,19 @@ def test_progress_counts_the_budget_stop(qtbot):
     assert seconds_left(running, now=67.0) == pytest.approx(18.0)  # 1 s a step, 18 steps to 85
 
 
+def test_time_left_of_a_continued_run_counts_only_its_own_steps(qtbot):
+    """A run continued from step 587 counted those steps as done in its own time: it showed about half
+    the time left."""
+    from workbench.run_data import RunData
+
+    data = RunData(run_id=2, mechanism="dpsgd")
+    data.apply({"type": "started", "resumed_from": 1, "from_step": 587}, live=True)
+    data.apply({"type": "progress", "phase": "training", "done": 0, "total": 1798}, live=True)
+    data.apply({"type": "progress", "phase": "training", "done": 687, "total": 1798}, live=True)
+    data.phase_started = 0.0
+    assert seconds_left(data, now=10.0) == pytest.approx(10.0 / 100 * (1798 - 687))
+
+
 def test_a_run_that_ended_during_its_canary_audit_shows_its_training_not_a_full_audit_bar(dashboard, qtbot):
     """The canary audit comes a moment after the last step: a run stopped at step 42 of 169 said
     'auditing 1 / 1 (stopped)' with a full bar."""
