@@ -647,7 +647,9 @@ def ledger(db: Path | None, dataset_name: str | None, delta: float | None, as_js
     for i, entry in enumerate(ledgers):
         click.echo(("\n" if i else "") + f"{entry.title}: {entry.statement()}")
         if entry.composed_epsilon is not None:
-            click.echo(f"  DP-SGD runs composed (PLD): ε = {entry.composed_epsilon:.4g} at δ = {entry.composed_delta:.3g}")
+            composed = sum(e.counted == "composed" for e in entry.entries)
+            click.echo(f"  the {composed} run{'s' if composed > 1 else ''} counted 'composed' below, together (PLD): "
+                       f"ε = {entry.composed_epsilon:.4g} at δ = {entry.composed_delta:.3g}")
         rows = [{"id": e.run_id, "name": e.name, "mechanism": e.mechanism,
                  "status": "deleted" if e.deleted else e.status, "epsilon": e.epsilon, "delta": e.delta,
                  "counted": e.counted + (f": {e.why}" if e.why else "")} for e in entry.entries]

@@ -131,6 +131,8 @@ def test_dpw_ledger_on_a_real_store_with_a_deleted_run(tmp_path):
                                                                              (second, True, "added")]
     text = CliRunner().invoke(cli, ["ledger", "--db", str(store.path)])
     assert text.exit_code == 0 and text.output.startswith("digits: 2 runs (1 deleted): together (ε = ")
+    # the PLD line names the runs it composes: it read "DP-SGD runs composed" without the deleted one
+    assert "\n  the 1 run counted 'composed' below, together (PLD): ε = " in text.output
     missing = CliRunner().invoke(cli, ["ledger", "--db", str(store.path), "--dataset", "mnist"])
     assert missing.exit_code != 0 and "no runs on dataset 'mnist'" in missing.output
 
