@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.privacy.pld import SubsampledGaussian, pld_epsilon_composed
-from engine.publication import no_guarantee_reason, run_epsilon
+from engine.publication import no_guarantee_reason, publishable_epsilon, run_epsilon
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ def live_entry(run: dict[str, Any]) -> LedgerEntry:
         return LedgerEntry(**common, epsilon=None, delta=None, accountant=None, counted="unbounded", why=reason)
     eps = run_epsilon(run)
     q, sigma, steps = run.get("sample_rate"), run.get("noise_multiplier"), run.get("steps_done")
-    why = ""
+    why = _alone(run, eps.value)
     if steps and run.get("steps_resumed"):  # continued from another run's checkpoint: those steps are counted there
         steps = max(0, int(steps) - int(run["steps_resumed"]))
         why = f"its steps after {run['steps_resumed']} (those before are run {run.get('resumed_from')}'s)"
@@ -147,6 +147,15 @@ def live_entry(run: dict[str, Any]) -> LedgerEntry:
                            why="no step taken")
     return LedgerEntry(**common, epsilon=eps.value, delta=eps.delta or 0.0, accountant=eps.accountant,
                        counted="added", gaussians=_study_score(run))
+
+
+def _alone(run: dict[str, Any], own: float | None) -> str:
+    """For a run of a study, which states the study's epsilon everywhere else: that the ledger counts
+    the run alone (the study's runs count one by one here), and what the study states."""
+    stated = publishable_epsilon(run)
+    if stated.note is None or stated.value is None or stated.value == own:
+        return ""
+    return f"this run alone (its study states ε = {stated.value:.4g})"
 
 
 def _released_statistics(run: dict[str, Any]) -> tuple[SubsampledGaussian, ...]:

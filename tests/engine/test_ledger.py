@@ -57,6 +57,16 @@ def test_the_gaussian_releases_a_runs_epsilon_includes_are_composed_with_its_ste
     assert scored.epsilon > pld_epsilon(sample_rate=0.05, noise_multiplier=1.0, steps=200, delta=1e-5).value
 
 
+def test_a_study_runs_row_says_it_counts_the_run_alone_and_what_the_study_states():
+    """The list and dashboard show a study's run at the study's epsilon (4.3), the ledger at its own
+    (2.31), with nothing saying which was which."""
+    study = {"id": 7, "name": "s", "mode": "private", "status": "finished", "epsilon": 4.302, "delta": 1e-5,
+             "accountant": "rdp-repeat-and-select", "released_run_id": 2, "config": {"score_noise_multiplier": 5.0}}
+    (ledger,) = dataset_ledgers([dpsgd(2, epsilon=2.311, study=study), dpsgd(3)], [])
+    assert ledger.entries[0].why == "this run alone (its study states ε = 4.302)"
+    assert ledger.entries[1].why == ""
+
+
 def test_other_runs_and_deleted_ones_add_their_epsilon_and_delta():
     pate = {"id": 3, "name": "p", "mechanism": "pate", "dataset": "digits", "status": "finished",
             "started": "2026-11-24T10:00:00+00:00", "epsilon": 2.0, "delta": 1e-5, "accountant": "pate-di",
