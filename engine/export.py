@@ -8,6 +8,9 @@ teachers saw raw private data and carry no guarantee, so exporting them is refus
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,9 +176,9 @@ def _sort_safetensors_metadata(path: Path) -> None:
 def export_run(store: Store, run_ref: str | int, out_dir: str | Path, *, kind: str = "model",
                force: bool = False) -> dict[str, str]:
     """Write model.safetensors, model.pt2, model.onnx and model_card.json; returns {file: sha256}.
-    Files of those names already in `out_dir` are refused (never overwritten silently) unless `force`."""
-    from safetensors.torch import save_file
-
+    Files of those names already in `out_dir` are refused (never overwritten silently) unless `force`.
+    They are written in a hidden folder inside `out_dir` first and moved into place together, the model
+    card last: an export that is killed or fails leaves no model without its card."""
     trained = load_trained_model(store, run_ref, kind=kind)
     out = Path(out_dir)
     existing = [name for name in EXPORT_FILES if (out / name).exists()]
@@ -183,6 +186,45 @@ def export_run(store: Store, run_ref: str | int, out_dir: str | Path, *, kind: s
         raise ExportFilesExist(f"{out} already holds {', '.join(existing)}; nothing was written",
                                hint="choose another --out folder, or add --force to replace them")
     out.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_staging(out)
+    staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=out))
+    try:
+        files = _write_export(store, trained, staging)
+        for name in EXPORT_FILES:  # the card last: it names the others' hashes
+            if (staging / name).exists():
+                os.replace(staging / name, out / name)
+            else:
+                (out / name).unlink(missing_ok=True)  # (ONNX not exported) an older export's file is not this one's
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return files
+
+
+STAGING_PREFIX = ".dpw-export-"  # + the exporting process's pid: the hidden folder an export is written in
+
+
+def _remove_abandoned_staging(out: Path) -> None:
+    """Hidden folders that exports killed mid-way left in `out` (their process is gone)."""
+    for folder in out.glob(f"{STAGING_PREFIX}*"):
+        pid = folder.name.removeprefix(STAGING_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _write_export(store: Store, trained: TrainedModel, out: Path) -> dict[str, str]:
+    """export_run's files written into `out` (its staging folder); {file: sha256}."""
+    from safetensors.torch import save_file
+
     wrapped = trained.raw_input_model()
     # A fixed public example (it is saved in model.pt2 as the program's sample input): exports of one run
     # are then byte for byte the same, so a re-export can be checked against a model card's hashes.

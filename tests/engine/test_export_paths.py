@@ -6,6 +6,8 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
+import pytest
+
 import engine
 from engine.config import RunConfig
 from engine.events import EventWriter
@@ -69,3 +71,28 @@ def test_exported_files_hold_no_path_of_this_machine(tmp_path):
         blobs[name] = (out / name).read_bytes()
     leaking = [name for name, blob in blobs.items() if install in blob or site in blob or b"site-packages" in blob]
     assert leaking == []
+
+
+def test_an_export_that_fails_part_way_leaves_no_model_without_its_card(tmp_path, monkeypatch):
+    """A killed `dpw export` left model.safetensors and model.pt2 with no model card, and the next export
+    refused the folder as already holding them."""
+    import engine.export
+
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = train_in_store(store, name="digits-dp", dataset="digits", noise_multiplier=1.0,
+                            expected_batch_size=64, epochs=1, learning_rate=0.5)
+    out = tmp_path / "export"
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # as a Ctrl-C or a kill between the weights and the card
+
+    monkeypatch.setattr(engine.export, "model_card", killed)
+    with pytest.raises(KeyboardInterrupt):
+        export_run(store, run_id, out)
+    assert list(out.iterdir()) == []  # nothing of the unfinished export, not even its hidden folder
+    monkeypatch.undo()
+    abandoned = out / f"{engine.export.STAGING_PREFIX}999999999-x"  # left by a process that no longer runs
+    abandoned.mkdir()
+    (abandoned / "model.pt2").write_bytes(b"partial")
+    files = export_run(store, run_id, out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(files) == sorted(engine.export.EXPORT_FILES)
