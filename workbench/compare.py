@@ -239,7 +239,8 @@ class CompareView(QWidget):
             if eps_series is not None:
                 set_curve(self.eps_steps.curve(label, index), eps_series.x, eps_series.y)
         in_group = {run_id: colours[run_id] for run_id in self.groups.get(key, [])} if key else {}
-        banner = exploratory_banner([row for row, _ in self.runs if row["id"] in in_group])
+        # Choosing among runs of the same data is a choice whatever their mechanisms: every tab of that data says so.
+        banner = exploratory_banner([row for row, _ in self.runs if key and group_key(row)[0] == key[0]])
         self.banner.setText(banner or "")
         self.banner.setVisible(banner is not None)
         self._scatter(self.all_rows, in_group)

@@ -108,6 +108,13 @@ def test_compare_warns_that_keeping_the_best_of_runs_outside_a_study_is_not_cove
     one_each = [run_row(1), run_row(2, dataset="mnist")]  # one run per dataset: nothing to choose among
     view.show_runs([(r, RunData(run_id=r["id"], mechanism="dpsgd")) for r in one_each], one_each)
     assert view.banner.isHidden()
+    # A PATE run on the same data is among the choices too, on its own tab as on the DP-SGD one (it
+    # counted only the runs of the shown tab, and was gone on the PATE tab).
+    mixed = rows + [dict(run_row(4), mechanism="pate", accountant="pate-di")]
+    view.show_runs([(r, RunData(run_id=r["id"], mechanism=r["mechanism"])) for r in mixed], mixed)
+    for key in view.groups:
+        view.show_group(key)
+        assert not view.banner.isHidden() and "selected among 4 runs on the same data" in view.banner.text(), key
 
 
 def test_the_exploratory_sentence_is_singular_for_one_run():
