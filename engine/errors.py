@@ -73,6 +73,26 @@ def _disk_full(store_path: object) -> bool:
         return False
 
 
+def _odd_companion(store_path: object) -> tuple[str, str] | None:
+    """(what is wrong, what to do) where SQLite says only "unable to open": a folder, or a link that
+    leads nowhere, in place of the store's -wal or -shm file, or a store path that is such a link."""
+    import os
+
+    if store_path is None:
+        return None
+    for suffix in ("-wal", "-shm"):
+        path = f"{store_path}{suffix}"
+        if os.path.isdir(path) or (os.path.islink(path) and not os.path.exists(path)):
+            what = (f"{path} is a folder" if os.path.isdir(path) else
+                    f"{path} is a link to {os.readlink(path)}, which does not exist")
+            return (f"{what}, where SQLite keeps the store's {suffix[1:]} file",
+                    f"move {path} away; the store itself was left unchanged")
+    if os.path.islink(str(store_path)) and not os.path.exists(str(store_path)):
+        return (f"it is a link to {os.readlink(str(store_path))}, which does not exist",
+                "give a --db path to a store file, or make the link lead to one")
+    return None
+
+
 def explain(exc: BaseException, *, store_path: object = None) -> tuple[str, str | None, bool]:
     """(message, hint, is_bug) of an exception for a person. What is the user's situation (full
     disk, a locked, read-only or damaged store, a path that is a file) is never called a bug."""
@@ -101,6 +121,8 @@ def explain(exc: BaseException, *, store_path: object = None) -> tuple[str, str 
             # Opening a WAL store writes its -wal and -shm files: on a full disk even a read fails so.
             return (f"the disk holding {store} is full (SQLite: {text})",
                     "free some space and try again; the store itself is intact", False)
+        if ("unable to open" in lowered or "disk i/o" in lowered) and (odd := _odd_companion(store_path)):
+            return f"cannot use {store}: {odd[0]} (SQLite: {text})", odd[1], False
         if "unable to open" in lowered or "disk i/o" in lowered:
             return (f"cannot use {store} (SQLite: {text})",
                     "check that the file and its folder exist and are readable (and writable to add runs)", False)

@@ -369,6 +369,23 @@ def test_a_fifo_at_the_store_path_is_refused_at_once(tmp_path):
     assert listed.returncode == 1 and f"{fifo} is not a regular file, so it cannot be a store" in listed.stderr
 
 
+def test_a_folder_or_a_broken_link_in_place_of_the_wal_file_is_named(tmp_path):
+    """SQLite says only "unable to open database file": the line named neither the -wal nor what to do."""
+    db = tmp_path / "runs.sqlite"
+    Store(db).close()
+    wal = tmp_path / "runs.sqlite-wal"
+    wal.mkdir()
+    listed = subprocess.run([sys.executable, "-m", "engine.cli", "list", "--db", str(db)], capture_output=True,
+                            text=True, timeout=60)
+    assert listed.returncode == 1 and f"{wal} is a folder, where SQLite keeps the store's wal file" in listed.stderr
+    assert f"move {wal} away; the store itself was left unchanged" in listed.stderr
+    wal.rmdir()
+    wal.symlink_to(tmp_path / "gone")
+    listed = subprocess.run([sys.executable, "-m", "engine.cli", "list", "--db", str(db)], capture_output=True,
+                            text=True, timeout=60)
+    assert listed.returncode == 1 and f"{wal} is a link to {tmp_path / 'gone'}, which does not exist" in listed.stderr
+
+
 def test_a_damaged_store_is_never_written(tmp_path):
     path = tmp_path / "runs.sqlite"
     store = Store(path)
