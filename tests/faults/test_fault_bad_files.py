@@ -182,8 +182,9 @@ def test_export_into_a_path_under_a_file_gets_one_line(tmp_path, trained):
 
 def test_a_model_that_cannot_be_saved_keeps_the_results_and_names_the_path(tmp_path):
     db = store_with_history(tmp_path / "runs.sqlite")
-    (tmp_path / "artifacts").write_text("a file where the models' folder would go")
     run_id = Store(db).create_run(RunConfig(**DIGITS))
+    (tmp_path / "artifacts").mkdir()  # a file where the run's folder would go (the store's folder is claimed at start)
+    (tmp_path / "artifacts" / f"run-{run_id}").write_text("a file where the run's folder would go")
     proc = start_runner(db, run_id)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "Traceback" not in err
