@@ -22,7 +22,7 @@ from torch import nn
 from engine.errors import DPWError, ExportFilesExist
 from engine.events import to_json_safe
 from engine.runner import sha256_of
-from engine.store import Store
+from engine.store import Store, pid_alive
 
 REFUSED_KINDS = {
     "teacher": "PATE teachers saw raw private data and carry no privacy guarantee; "
@@ -207,18 +207,8 @@ def _remove_abandoned_staging(out: Path) -> None:
     """Hidden folders that exports killed mid-way left in `out` (their process is gone)."""
     for folder in out.glob(f"{STAGING_PREFIX}*"):
         pid = folder.name.removeprefix(STAGING_PREFIX).split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _write_export(store: Store, trained: TrainedModel, out: Path) -> dict[str, str]:

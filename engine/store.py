@@ -864,7 +864,7 @@ def _decode_run(row: dict[str, Any]) -> dict[str, Any]:
 def _owner_gone(pid: int | None, since: str | None) -> bool:
     """The process that owns a run or a study on this host is gone: none recorded, dead, or its pid
     now held by a process that began after `since` (see _pid_reused)."""
-    return pid is None or not _pid_alive(pid) or _pid_reused(pid, since)
+    return pid is None or not pid_alive(pid) or _pid_reused(pid, since)
 
 
 def _pid_reused(pid: int, started: str | None) -> bool:
@@ -885,7 +885,8 @@ def _pid_reused(pid: int, started: str | None) -> bool:
     return began > run_started + 2.0  # btime is whole seconds; allow for it and clock ticks
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` is running (a zombie is not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
