@@ -410,12 +410,13 @@ class ProgressDisplay:
             self.epsilon = event["epsilon"]
         elif kind == "metric" and event["name"] == "test_accuracy":
             self.accuracy = event["value"]
-        if kind == "error":
-            self.last_error = event["message"] + (f" — {event['hint']}" if event.get("hint") else "")
-        if kind == "warning" or (kind == "error" and self.show_errors):
-            self.close()
+        if kind in ("warning", "error"):
             text = event["message"] + (f" — {event['hint']}" if event.get("hint") else "")
-            click.echo(f"{kind}: {text}", err=True)
+            if kind == "error":
+                self.last_error = text
+            if kind == "warning" or self.show_errors:
+                self.close()
+                click.echo(f"{kind}: {text}", err=True)
 
     def close(self) -> None:
         if self.bar is not None:
