@@ -32,3 +32,16 @@ def mnist_dir() -> Path:
         f"real MNIST files not found; looked in {', '.join(map(str, candidates))} for {', '.join(_MNIST_FILES)} "
         f"(set DPW_TEST_MNIST_DIR to the folder holding them)"
     )
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """For modules of many small torch operations (`pytestmark = pytest.mark.usefixtures(...)`): on a
+    shared 2-core machine two OpenMP threads wait on each other (10-30x slower when another process
+    holds a core), one thread does not."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

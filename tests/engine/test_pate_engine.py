@@ -27,14 +27,7 @@ from engine.pate.teachers import build_teachers, group_size_for, train_teachers,
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These tests run many small operations; on a shared 2-core machine two OpenMP threads wait on
-    each other (10-30x slower when another process holds a core), one thread does not."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---- shards ------------------------------------------------------------------------------------

@@ -23,12 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "resources" / "examples"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def small_pate(mnist_dir: Path, **changes) -> dict:

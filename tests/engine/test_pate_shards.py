@@ -26,12 +26,7 @@ from engine.pate.teachers import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _data(n: int = 600, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
