@@ -48,7 +48,6 @@ NOT_PUBLISHABLE = "not publishable: a function of the private votes"
 RELEASED_ESTIMATE = ("released privately with smooth-sensitivity noise: an estimate, not a bound (its noise is "
                      "centred on the data-dependent cost)")
 PATE_DATA_INDEPENDENT = "pate-di"
-PATE_RELEASED = "pate-released"
 PATE_DATA_DEPENDENT = "pate-dd"
 EXPLORATORY_NOTE = "selected among {n} runs on the same data; the selection is not covered by this epsilon"
 WITHHELD = "not released"
