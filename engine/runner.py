@@ -28,6 +28,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from engine.artifacts import artifacts_dir, claim_artifacts, note_unrecorded_failure
 from engine.checkpoint import CHECKPOINT_FILE, CannotResume, in_the_way, load_checkpoint, resume_refusal
 from engine.config import RunConfig
 from engine.errors import DPWError, explain
@@ -70,59 +71,6 @@ class StopFlag:
 
 class StopRequested(Exception):
     """A stop arrived during interruptible work (StopFlag.interruptible)."""
-
-
-ARTIFACTS_OWNER = ".store"  # in a store's artifacts folder: the name of the store file it belongs to
-
-
-def artifacts_dir(store: Store, run_id: int) -> Path:
-    """Where a run's saved model and checkpoint go: in its store's artifacts folder (`artifacts_root`)."""
-    return artifacts_root(store) / f"run-{run_id}"
-
-
-def artifacts_root(store: Store) -> Path:
-    """A store's artifacts folder: beside it and named after it (the default runs.sqlite keeps its
-    plain `artifacts` folder). Stores whose names share a stem (runs.sqlite, runs.db) would share that
-    folder, and so each other's run-N: one that another store has claimed (`claim_artifacts`) is left
-    to it, and this store uses a folder named after its whole file name."""
-    shared = store.path.parent / ("artifacts" if store.path.stem == "runs" else f"{store.path.stem}-artifacts")
-    owner = _artifacts_owner(shared)
-    if owner is None or owner == store.path.name:
-        return shared
-    return store.path.parent / f"{store.path.name}-artifacts"
-
-
-def claim_artifacts(store: Store) -> Path:
-    """Mark the store's artifacts folder as its own before a run writes there (ARTIFACTS_OWNER, created
-    exclusively: of two stores claiming one folder at once, one gets it and the other its own)."""
-    for _ in range(2):
-        root = artifacts_root(store)
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise DPWError(f"cannot create the folder for the run's saved model and checkpoint, {root}: "
-                           f"{exc.strerror.lower() if exc.strerror else exc}",
-                           hint="move what is at that path away, or use a --db path in another folder") from None
-        try:
-            fd = os.open(root / ARTIFACTS_OWNER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            if _artifacts_owner(root) == store.path.name:
-                return root
-            continue  # claimed by another store a moment ago: artifacts_root now gives this store's own
-        with os.fdopen(fd, "w") as f:
-            f.write(store.path.name + "\n")
-        return root
-    raise DPWError(f"cannot claim an artifacts folder for {store.path} beside it",
-                   hint=f"check the folders named {store.path.stem}-artifacts and {store.path.name}-artifacts")
-
-
-def _artifacts_owner(folder: Path) -> str | None:
-    """The store file name an artifacts folder was claimed for; None when unclaimed (or written before
-    folders were claimed)."""
-    try:
-        return (folder / ARTIFACTS_OWNER).read_text().strip() or None
-    except (FileNotFoundError, NotADirectoryError):
-        return None
 
 
 def remove_run(store: Store, run_id: int) -> dict:
@@ -239,7 +187,8 @@ def record_failure(store: Store, run_id: int, writer: EventWriter, exc: Exceptio
                    prepared: Any = None, result: Any = None) -> str:
     """Mark the run failed with a message for a person, keeping what it did: the ledger already holds
     the privacy spent; a trained `result` adds its final figures (and the summary a failed model save
-    carries). If the store cannot take it (full disk, locked), the event stream still says why."""
+    carries). If the store cannot take it (full disk, locked), the event stream still says why, and
+    so does a note beside the run's files, which the store states once it marks the lost run failed."""
     message, hint, is_bug = explain(exc, store_path=store.path)
     fields: dict[str, Any] = {"status": "failed", "finished": now_iso(), "error": message, "error_hint": hint}
     if prepared is not None and result is not None:
@@ -253,6 +202,7 @@ def record_failure(store: Store, run_id: int, writer: EventWriter, exc: Exceptio
         store.update_run(run_id, **fields)
     except Exception as store_exc:
         writer.sink = None
+        note_unrecorded_failure(store, run_id, message, hint)  # for whoever marks the lost run failed
         stored, _, _ = explain(store_exc, store_path=store.path)
         message += f"; the store could not record this failure ({stored})"
     details = {"traceback": traceback.format_exc() if is_bug else None}

@@ -650,7 +650,8 @@ class Store:
 
     def reconcile_orphans(self) -> list[int]:
         """Mark `queued`/`running` runs whose owner process on this host is gone as failed, with the
-        reason (their privacy spent stays as the ledger recorded it). Returns their ids. A read-only
+        reason (the runner's own, when it could only note it beside the run's files; their privacy
+        spent stays as the ledger recorded it). Returns their ids. A read-only
         store is left as it is, and so is one that cannot be written now (full disk): reading it must
         still work, and the next reader with room reconciles."""
         self.reconcile_studies()
@@ -675,8 +676,21 @@ class Store:
         }
         return self._update_each(
             (run_id, "update runs set status = 'failed', finished = ?, error = ?, error_hint = ? "
-             "where id = ? and status = ? and pid is ?", [now_iso(), *reasons[status], run_id, status, pid])
+             "where id = ? and status = ? and pid is ?",
+             [now_iso(), *self._lost_reason(run_id, *reasons[status]), run_id, status, pid])
             for run_id, status, pid in lost)
+
+    def _lost_reason(self, run_id: int, error: str, hint: str) -> tuple[str, str]:
+        """Why a lost run failed: the error its runner noted beside its files when this store could not
+        take it (engine.artifacts.note_unrecorded_failure: a lock held past the busy timeout, a full
+        disk), with what is kept; else `error`, the owner process having gone without a word."""
+        from engine.artifacts import unrecorded_failure
+
+        noted = unrecorded_failure(self, run_id)
+        if noted is None:
+            return error, hint
+        noted_error, noted_hint = noted
+        return noted_error, (f"{noted_hint}; " if noted_hint else "") + hint
 
     def reconcile_studies(self) -> list[int]:
         """Mark `running` studies whose own process on this host is gone (killed, crashed) as

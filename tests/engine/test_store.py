@@ -91,6 +91,38 @@ def test_run_whose_process_died_is_marked_failed(store):
     assert row["status"] == "failed" and "ended without reporting" in row["error"]
 
 
+def test_a_lost_run_states_the_lock_its_runner_could_not_record(tmp_path):
+    """Another program held the write lock past the busy timeout: the runner could record neither
+    its step nor its failure, and whoever marked the lost run failed said "killed or crashed"."""
+    import io
+
+    from engine.runner import record_failure
+
+    path = tmp_path / "runs.sqlite"
+    store = Store(path)
+    run_id = store.create_run(RunConfig(name="locked out", noise_multiplier=1.0))
+    store.mark_running(run_id)
+    store.db.conn.execute("PRAGMA busy_timeout = 100")  # the runner's 120 s, shortened
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    with pytest.raises(sqlite3.OperationalError, match="locked") as gave_up:
+        store.update_run(run_id, steps_done=30)
+    stream = io.StringIO()
+    record_failure(store, run_id, EventWriter(run_id, stream=stream, sink=store.record_event), gave_up.value,
+                   where="training")
+    holder.execute("ROLLBACK")
+    assert "could not record this failure" in stream.getvalue()
+    assert store.get_run(run_id)["status"] == "running"
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store.update_run(run_id, pid=dead.pid)  # the runner has exited
+    assert Store(path).reconcile_orphans() == [run_id]
+    row = store.get_run(run_id)
+    assert row["status"] == "failed" and "stayed locked by another program" in row["error"]
+    assert "killed" not in row["error"] and "privacy it spent" in row["error_hint"]
+
+
 def test_running_run_with_live_process_is_left_alone(store):
     run_id = store.create_run(RunConfig(name="alive", noise_multiplier=1.0))
     store.mark_running(run_id)  # this test process is alive
