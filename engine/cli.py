@@ -108,9 +108,22 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
         db, lambda checked: check_before_storing(config, checked_before=checked), dataset=config.dataset)
     run_id = store.create_run(config)
     status = follow_runner(store.path, run_id, as_json=as_json, store=store, launch=launch, summary_follows=True)
-    run_row = store.get_run(run_id)
-    if not as_json:
-        print_summary(run_row, store=store)
+    end_of_run(store, run_id, status, as_json=as_json)
+
+
+def end_of_run(store: Any, run_id: int, status: str, *, as_json: bool) -> None:
+    """After dpw run or resume: the run's summary from the store, and exit status 1 if it failed. A run
+    deleted once it had finished (its audit may still have been running) has no row left to summarise."""
+    try:
+        run_row = store.get_run(run_id)
+    except DPWError:
+        if not any(r["id"] == run_id for r in store.deleted_runs()):
+            raise
+        click.echo(f"run {run_id} ended ({status}) and was deleted meanwhile; the privacy it spent stays in "
+                   "the dataset's ledger (dpw list --deleted, dpw ledger)", err=as_json)
+    else:
+        if not as_json:
+            print_summary(run_row, store=store)
     if status == "failed":
         sys.exit(1)
 
@@ -160,10 +173,7 @@ def resume(run_ref: str, db: Path | None, as_json: bool, nproc: int) -> None:
         click.echo(f"run {run_id}: continues run {parent['id']} ({parent['name']}) from step {checkpoint['step']} "
                    f"of {parent.get('steps_planned') or '?'}")
     status = follow_runner(store.path, run_id, as_json=as_json, store=store, launch=launch, summary_follows=True)
-    if not as_json:
-        print_summary(store.get_run(run_id), store=store)
-    if status == "failed":
-        sys.exit(1)
+    end_of_run(store, run_id, status, as_json=as_json)
 
 
 @cli.command()
@@ -850,10 +860,11 @@ def export(run_ref: str, db: Path | None, out_dir: Path, force: bool) -> None:
     from engine.audit_run import audit_model_line
 
     store = open_store(db)
+    run_row = store.find_run(run_ref)  # read first: a run deleted during its export is still exported whole
     files = export_run(store, run_ref, out_dir, force=force)
     for name, digest in files.items():
         click.echo(f"{out_dir / name}  {digest}")
-    if line := audit_model_line(store.find_run(run_ref)):
+    if line := audit_model_line(run_row):
         click.echo(f"NOTE: {line}")
 
 

@@ -480,3 +480,24 @@ def test_an_error_the_store_could_not_record_is_printed_by_dpw_run(tmp_path, cap
     Runner.stdout = io.StringIO(encode(error) + "\n")
     _render_runner(Runner(), run_id, as_json=False, store=store, summary_follows=True)
     assert "error:" not in capsys.readouterr().err  # recorded: the summary states it, once
+
+
+@pytest.mark.parametrize("status, exit_code", [("finished", None), ("failed", 1)])
+def test_dpw_run_says_so_when_its_run_was_deleted_as_it_ended(tmp_path, capsys, status, exit_code):
+    """`dpw delete` the moment a run finished, while its runner still ran the membership audit: dpw run
+    printed only "error: no run with id 1" for a run that had finished."""
+    from engine.cli import end_of_run
+
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = store.create_run(RunConfig(name="gone", noise_multiplier=1.0))
+    store.update_run(run_id, status=status)
+    store.delete_run(run_id)
+    if exit_code is None:
+        end_of_run(store, run_id, status, as_json=False)
+    else:
+        with pytest.raises(SystemExit) as ended:
+            end_of_run(store, run_id, status, as_json=False)
+        assert ended.value.code == exit_code
+    assert f"run {run_id} ended ({status}) and was deleted meanwhile" in capsys.readouterr().out
+    with pytest.raises(Exception, match="no run with id 99"):
+        end_of_run(store, 99, "finished", as_json=False)  # never a run here: still the plain error

@@ -96,3 +96,30 @@ def test_an_export_that_fails_part_way_leaves_no_model_without_its_card(tmp_path
     (abandoned / "model.pt2").write_bytes(b"partial")
     files = export_run(store, run_id, out)
     assert sorted(p.name for p in out.iterdir()) == sorted(files) == sorted(engine.export.EXPORT_FILES)
+
+
+def test_a_run_deleted_during_its_export_is_exported_whole_and_exits_zero(tmp_path, monkeypatch):
+    """`dpw delete` from another terminal while `dpw export` wrote the files: every file was written,
+    then the export ended with "no run with id 1" and exit status 1."""
+    from click.testing import CliRunner
+
+    import engine.export
+    from engine.cli import cli
+    from engine.runner import remove_run
+
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = train_in_store(store, name="digits-dp", dataset="digits", noise_multiplier=1.0,
+                            expected_batch_size=64, epochs=1, learning_rate=0.5)
+    write_export = engine.export._write_export
+
+    def deleted_meanwhile(*args, **kwargs):
+        files = write_export(*args, **kwargs)
+        remove_run(Store(store.path), run_id)  # another process deletes the run as the files land
+        return files
+
+    monkeypatch.setattr(engine.export, "_write_export", deleted_meanwhile)
+    out = tmp_path / "export"
+    result = CliRunner().invoke(cli, ["export", str(run_id), "--db", str(store.path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == sorted(engine.export.EXPORT_FILES)
+    assert [r["id"] for r in store.deleted_runs()] == [run_id]
