@@ -84,7 +84,7 @@ def privacy_risk(sample_rate: float, noise_multiplier: float, steps: int, delta:
     """
     from engine.privacy import risk
 
-    check_number("sample-rate", sample_rate, 0.0, 1.0, open_low=False)
+    check_number("sample-rate", sample_rate, 0.0, 1.0)  # as dpw privacy dpsgd: a rate of 0 trains on nothing
     _check_setting("noise-multiplier", noise_multiplier, "noise_multiplier")
     check_number("delta", delta, 0.0, 1.0, open_high=True)
     try:

@@ -341,6 +341,8 @@ def test_privacy_risk_prints_the_accountants_epsilon_as_every_command_does():
     "args,message",
     [
         (["--sample-rate", "1.5", "--noise-multiplier", "1", "--steps", "10", "--delta", "1e-5"], "--sample-rate"),
+        (["--sample-rate", "0", "--noise-multiplier", "1", "--steps", "10", "--delta", "1e-5"],
+         "--sample-rate: 0 is out of range; allowed (0, 1]"),  # as dpw privacy dpsgd says it
         (["--sample-rate", "0.1", "--noise-multiplier", "-1", "--steps", "10", "--delta", "1e-5"],
          "--noise-multiplier"),
         (["--sample-rate", "0.1", "--noise-multiplier", "1", "--steps", "10", "--delta", "1"], "--delta"),
