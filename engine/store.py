@@ -10,8 +10,8 @@ sqlite3 would otherwise run DDL outside any transaction. The schema carries a ve
 (`PRAGMA user_version`) and is migrated forward, never dropped.
 
 A file that is not ours is never changed: not an SQLite file, another application's database,
-a damaged store (checked with `PRAGMA quick_check` before a connection's first write) each give
-one `StoreError`. A read-only store (or one in a read-only folder) opens for reading.
+a damaged store (checked with `PRAGMA quick_check` before a connection's first write, and before
+any open that would replay a -wal no connection holds) each give one `StoreError`. A read-only store (or one in a read-only folder) opens for reading.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import sqlite_utils
 from engine.errors import DPWError, StoreError, explain, recover_hint
 from engine.events import loads, to_json_safe
 from engine.publication import no_guarantee_reason, run_epsilon
-from engine.store_files import abandon, empty_old_wal, replaced, store_files
+from engine.store_files import abandon, empty_old_wal, replaced, store_files, wal_left_behind
 
 SCHEMA_VERSION = 7
 STATUSES = ("queued", "running", "finished", "stopped", "failed")
@@ -257,6 +257,29 @@ def _connect_read_only(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"{uri}?immutable=1", uri=True, check_same_thread=False)
 
 
+def _check_left_behind_wal(path: Path) -> None:
+    """Before a store whose -wal no connection holds (store_files.wal_left_behind) is opened: read it
+    through that log on a read-only connection, which changes neither file, and refuse it if it reads
+    as damaged. Any other open would replay the log into the store and write the damage into it when
+    it closes: the log of the file a restored backup replaced
+    is taken for the backup's own (SQLite cannot tell them apart)."""
+    conn = _connect_read_only(path)
+    try:
+        problems = [r[0] for r in conn.execute("PRAGMA quick_check(1)")]
+    except sqlite3.DatabaseError as exc:
+        problems = [str(exc)]
+    finally:
+        conn.close()
+    if problems != ["ok"]:
+        first = " ".join(problems[0].replace("*** in database main ***", "").split())
+        raise StoreError(
+            f"{path} reads as damaged through the {path.name}-wal left beside it ({first}); neither file was "
+            "changed",
+            hint=f"if {path.name} was copied back from a backup, that log belongs to the file it replaced: move "
+            f"{path.name}-wal and {path.name}-shm out of the folder and run the command again; otherwise "
+            + recover_hint(path))
+
+
 class Store:
     """Read and write runs, their events and the rows derived from them.
 
@@ -276,6 +299,8 @@ class Store:
             raise StoreError(f"no store at {self.path}", hint="check the --db path")
         if not exists:
             check_creatable(self.path)
+        elif wal_left_behind(self.path):
+            _check_left_behind_wal(self.path)
         try:
             if self.writable:
                 self.path.parent.mkdir(parents=True, exist_ok=True)

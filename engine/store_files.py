@@ -68,3 +68,35 @@ def abandon(connection: Any) -> None:
     closing it too (CPython)."""
     _ABANDONED.append(connection)
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(connection))
+
+
+_SHM_DMS_BYTE = 128  # SQLite's unix VFS: every connection to a WAL store holds a read lock on this byte of DB-shm
+
+
+def wal_left_behind(path: Path) -> bool:
+    """True when `DB-wal` holds changes and no connection has the store open: the log of a process
+    that was killed (replayed on the next open, as it must be), or of another file that stood at
+    `path` before a backup was copied over it (replayed, it damages the copy). False while some
+    connection holds it (the log is that connection's, and current). Unknown (no open-file-description
+    locks: not Linux) counts as left behind, which only costs a check."""
+    wal = Path(f"{path}-wal")
+    try:
+        if not wal.is_file() or wal.stat().st_size == 0:
+            return False  # a folder or a broken link there is named when the store opens
+    except OSError:
+        return False
+    try:
+        import fcntl
+        import struct
+
+        query = struct.pack("@hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, _SHM_DMS_BYTE, 1, 0)
+        fd = os.open(f"{path}-shm", os.O_RDONLY)
+    except (ImportError, OSError):
+        return True  # no -shm (no connection ever opened it in this state), or it cannot be opened
+    try:
+        answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, query)
+    except (AttributeError, OSError):
+        return True
+    finally:
+        os.close(fd)
+    return struct.unpack("@hhqqi4x", answer)[0] == fcntl.F_UNLCK
