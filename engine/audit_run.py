@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from engine import rounding
 from engine.errors import DPWError
 
 DEFAULT_EXAMPLES = 5000
@@ -122,7 +123,7 @@ def canary_text(canaries: dict[str, Any] | None) -> str:
     """The one-run canary audit a run recorded (canary_result), in one line."""
     if canaries is None:
         return "none (the run had no audit_canaries)"
-    return (f"epsilon >= {canaries['epsilon_lower_bound']:.3g} at delta {canaries['delta']:g} "
+    return (f"epsilon >= {rounding.down(canaries['epsilon_lower_bound'], '.3g')} at delta {canaries['delta']:g} "
             f"({100 * canaries['confidence']:g}% confidence; {canaries['correct']} of {canaries['guesses']} "
             f"guesses right, {canaries['count']} {canaries['kind']} canaries)")
 

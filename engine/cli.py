@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from engine import rounding
 from engine.cli_privacy import RISK_LABEL, check_number, echo_risk_rows, percent, privacy
 from engine.cli_shell import (
     DPWGroup,
@@ -382,7 +383,7 @@ class ProgressDisplay:
     def _label(self) -> str:
         parts = []
         if self.epsilon is not None:
-            parts.append(f"ε={self.epsilon:.3f}")
+            parts.append(f"ε={rounding.up(self.epsilon, '.3f')}")
         if self.accuracy is not None:
             parts.append(f"acc={self.accuracy:.4f}")
         return " ".join(parts)
@@ -590,7 +591,7 @@ def list_runs(db: Path | None, as_json: bool, deleted: bool) -> None:
     for r in rows:
         r.pop("accountant")
         r.pop("notes")  # free text of any length: `dpw show` and --json have it
-        text = None if r["epsilon"] is None else "∞" if r["epsilon"] == math.inf else f"{r['epsilon']:.4g}"
+        text = None if r["epsilon"] is None else "∞" if r["epsilon"] == math.inf else rounding.up(r["epsilon"], ".4g")
         if r.pop("guarantee") is False and r["mechanism"] != "none":
             text = f"{text} ({NO_GUARANTEE})" if text is not None else NO_GUARANTEE
         r["epsilon"] = text
@@ -620,7 +621,7 @@ def list_deleted(store, *, as_json: bool) -> None:
         r["tags"] = ", ".join(r["tags"]) or None
         r["deleted"] = (r["deleted"] or "")[:16].replace("T", " ") or None
         if r.pop("no_guarantee") and r["epsilon"] is not None:
-            r["epsilon"] = f"{r['epsilon']:.4g} ({NO_GUARANTEE})"
+            r["epsilon"] = f"{rounding.up(r['epsilon'], '.4g')} ({NO_GUARANTEE})"
     click.echo(tabulate(rows, headers="keys", floatfmt=".4g", missingval="-"))
 
 
@@ -660,7 +661,8 @@ def ledger(db: Path | None, dataset_name: str | None, delta: float | None, as_js
         if entry.composed_epsilon is not None:
             composed = sum(e.counted == "composed" for e in entry.entries)
             click.echo(f"  the {composed} run{'s' if composed > 1 else ''} counted 'composed' below, together (PLD): "
-                       f"ε = {entry.composed_epsilon:.4g} at δ = {entry.composed_delta:.3g}")
+                       f"ε = {rounding.up(entry.composed_epsilon, '.4g')} at "
+                       f"δ = {rounding.up(entry.composed_delta, '.3g')}")
         rows = [{"id": e.run_id, "name": e.name, "mechanism": e.mechanism,
                  "status": "deleted" if e.deleted else e.status, "epsilon": e.epsilon, "delta": e.delta,
                  "counted": e.counted + (f": {e.why}" if e.why else "")} for e in entry.entries]
@@ -956,7 +958,8 @@ def _echo_audit(body: dict[str, Any], as_json: bool, heading: str) -> None:
     if as_json:
         echo_json(body)
     else:
-        eps = f"{body['epsilon']:.4g} at delta {body['delta']:g}" if body.get("epsilon") is not None else "none"
+        eps = (f"{rounding.up(body['epsilon'], '.4g')} at delta {body['delta']:g}"
+               if body.get("epsilon") is not None else "none")
         click.echo(heading)
         click.echo(f"  epsilon          {eps}" + ("" if body.get("guarantee") else " (no guarantee)"))
         click.echo(f"  examples         {mia['members']} members ({body['members']}), {mia['nonmembers']} "

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import click
 
+from engine import rounding
 from engine.errors import DPWError, explain
 
 
@@ -117,8 +118,8 @@ def open_store_after_check(db: Path | None, check: Callable[[frozenset[str]], An
 
 def epsilon_text(value: float) -> str:
     """An epsilon as every command prints it: 4 decimals, or 4 significant digits when large (4e301 was
-    printed in 302 digits)."""
-    return f"{value:.4f}" if value < 1e6 else f"{value:.4g}"
+    printed in 302 digits), the last rounded up (engine.rounding)."""
+    return rounding.up(value, ".4f" if value < 1e6 else ".4g")
 
 
 def echo_json(value: Any, **dumps: Any) -> None:

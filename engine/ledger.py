@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine import rounding
 from engine.privacy.pld import SubsampledGaussian, pld_epsilon_composed
 from engine.publication import no_guarantee_reason, publishable_epsilon, run_epsilon
 
@@ -106,7 +107,7 @@ class DatasetLedger:
             return "no privacy spent yet"
         if not math.isfinite(self.epsilon):
             return f"{runs}: no finite bound (ε = inf: a run's noise is too small for any bound on it)"
-        text = f"{runs}: together (ε = {self.epsilon:.4g}, δ = {self.delta:.3g})-DP"
+        text = f"{runs}: together (ε = {rounding.up(self.epsilon, '.4g')}, δ = {rounding.up(self.delta, '.3g')})-DP"
         if self.still_running:
             text += f"; still growing: run {', '.join(map(str, self.still_running))} is running"
         return text
@@ -155,7 +156,7 @@ def _alone(run: dict[str, Any], own: float | None) -> str:
     stated = publishable_epsilon(run)
     if stated.note is None or stated.value is None or stated.value == own:
         return ""
-    return f"this run alone (its study states ε = {stated.value:.4g})"
+    return f"this run alone (its study states ε = {rounding.up(stated.value, '.4g')})"
 
 
 def _released_statistics(run: dict[str, Any]) -> tuple[SubsampledGaussian, ...]:

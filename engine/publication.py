@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
+from engine import rounding
 from engine.errors import DPWError
 
 NO_GUARANTEE_HEADLINE = "No differential privacy guarantee"
@@ -219,8 +220,8 @@ def run_epsilon(run: dict[str, Any]) -> PublishableEpsilon:
 
 
 def epsilon_label(run: dict[str, Any], fmt: str = ".3g") -> str:
-    """The epsilon as a list shows it: "1.96", "1.96 (no guarantee)", "∞" (non-private), "∞ (no guarantee)"
-    (noise too small for any bound), "" (none yet)."""
+    """The epsilon as a list shows it, rounded up (engine.rounding): "1.96", "1.96 (no guarantee)", "∞"
+    (non-private), "∞ (no guarantee)" (noise too small for any bound), "" (none yet)."""
     if run.get("mechanism") == "none":
         return "∞"
     eps = publishable_epsilon(run)
@@ -230,8 +231,28 @@ def epsilon_label(run: dict[str, Any], fmt: str = ".3g") -> str:
         return "" if eps.guarantee else NO_GUARANTEE
     if eps.value == math.inf:
         return f"∞ ({NO_GUARANTEE})"
-    text = format(eps.value, fmt)
+    text = rounding.up(eps.value, fmt)
     return text if eps.guarantee else f"{text} ({NO_GUARANTEE})"
+
+
+def publishable_text(run: dict[str, Any], fmt: str = ".4g") -> str:
+    """What a view shows beside the label "ε (publishable)": the epsilon rounded up, or why there is none.
+    A run without a guarantee reads "none: no guarantee (reproducible noise); accounted 2.32", never
+    "2.32 (no guarantee)" under that label. "" while a run has no epsilon yet."""
+    if run.get("mechanism") == "none":
+        return "∞ (non-private)"
+    eps = publishable_epsilon(run)
+    if eps.withheld:
+        return "not released"
+    if not eps.guarantee:
+        reason = NO_GUARANTEE_IN_SHORT.get(no_guarantee_reason(run) or "", "")
+        accounted = "" if eps.value is None else f"; accounted {rounding.up(eps.value, fmt)}"
+        return f"none: {NO_GUARANTEE}" + (f" ({reason})" if reason else "") + accounted
+    if eps.value is None:
+        return ""
+    if eps.value == math.inf:
+        return "∞ (no finite guarantee: the noise bounds nothing)"
+    return rounding.up(eps.value, fmt)
 
 
 def public_dataset_name(dataset: str | None) -> str | None:

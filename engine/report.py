@@ -20,6 +20,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from engine import rounding
 from engine.config import AGGREGATOR_FIELDS
 from engine.settings_in_effect import settings_in_effect
 from engine.errors import DPWError
@@ -110,11 +111,12 @@ def privacy_statement(run: dict[str, Any]) -> dict[str, Any]:
     subject = "This model" if run.get("status") != "failed" else (
         "This run failed before its end, and what it released (the curves and results it recorded; any saved "
         "model) is covered by the privacy of the steps it took: it")
+    shown, shown_delta = rounding.up(value, ".4g"), rounding.up(delta, ".3g")
     statement = (
-        f"{subject} satisfies ({value:.4g}, {delta:.3g})-differential privacy with respect to {UNIT_OF_PRIVACY}: "
+        f"{subject} satisfies ({shown}, {shown_delta})-differential privacy with respect to {UNIT_OF_PRIVACY}: "
         f"for any two training sets that differ by adding or removing one example, the probability of any "
-        f"outcome of training on one is at most e^{value:.4g}{_about_exp(value)} times its probability on the "
-        f"other, plus {delta:.3g}. Mechanism: {name}; epsilon computed by the '{accountant}' accountant."
+        f"outcome of training on one is at most e^{shown}{_about_exp(value)} times its probability on the "
+        f"other, plus {shown_delta}. Mechanism: {name}; epsilon computed by the '{accountant}' accountant."
     )
     if mechanism == "pate":
         statement += pate_statement(run)
@@ -185,8 +187,8 @@ def pate_statement(run: dict[str, Any]) -> str:
 
 
 def _about_exp(x: float) -> str:
-    """" (about 20.1x)" for e^x; nothing where e^x is beyond a float (the statement's e^x says it)."""
-    return f" (about {math.exp(x):.3g}x)" if x < 700 else ""
+    """" (about 20.1x)" for e^x, rounded up; nothing where e^x is beyond a float (the statement's e^x says it)."""
+    return f" (about {rounding.up(math.exp(x), '.3g')}x)" if x < 700 else ""
 
 
 def _plan(store: Store, run_id: int) -> dict[str, Any]:
@@ -604,7 +606,8 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append(_table({k: guarantee[k] for k in ("unit_of_privacy", "neighbouring_relation", "accountant",
                                                        "accountant_version", "accountant_description")}))
     elif guarantee.get("epsilon") is not None:
-        parts.append(f"<p class='guarantee'><b>ε = {guarantee['epsilon']:.4g}, δ = {guarantee['delta']:.3g}</b><br>"
+        shown = f"ε = {rounding.up(guarantee['epsilon'], '.4g')}, δ = {rounding.up(guarantee['delta'], '.3g')}"
+        parts.append(f"<p class='guarantee'><b>{shown}</b><br>"
                      f"{html.escape(guarantee['statement'])}</p>")
         parts.append(_table({k: guarantee[k] for k in ("unit_of_privacy", "neighbouring_relation", "accountant",
                                                        "accountant_version", "accountant_description")}))

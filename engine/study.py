@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection
 
 import numpy as np
 
+from engine import rounding
 from engine.config import RunConfig
 from engine.privacy import pate as pate_privacy
 from engine.privacy.accountants import dpsgd_epsilon
@@ -296,9 +297,10 @@ def plan_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
     elif summary.get("epsilon") is not None:
         what = "the released best candidate, covering the whole search" if summary["mode"] == "private" \
             else "all runs, every one releasable"
-        rows.append(("Study epsilon", f"{summary['epsilon']:.4g} at delta {summary['delta']:g} "
+        rows.append(("Study epsilon", f"{rounding.up(summary['epsilon'], '.4g')} at delta {summary['delta']:g} "
                      f"({summary['accountant']}): {what}"))
-        rows.append(("One run alone", f"{summary['single_run_epsilon']:.4g} (the costliest setting of the space)"))
+        rows.append(("One run alone",
+                     f"{rounding.up(summary['single_run_epsilon'], '.4g')} (the costliest setting of the space)"))
     return rows
 
 

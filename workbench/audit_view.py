@@ -42,6 +42,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine import rounding
 from engine.attack_risk import percent_up
 from engine.audit.membership import not_measurable, theory_check_text
 from engine.audit_job import MEMBERSHIP_AUDIT_KEY
@@ -111,7 +112,7 @@ def audit_figure(*, theory: dict[str, Any] | None, audit: dict[str, Any] | None,
     if theory is not None and tradeoff:
         curve = (np.asarray(tradeoff["fpr"], dtype=float), np.asarray(tradeoff["tpr"], dtype=float))
         theory_note = (f"Theory: the best possible membership test at publishable ε = "
-                       f"{theory['publishable_epsilon']:.3g}, δ = {theory['delta']:g} "
+                       f"{rounding.up(theory['publishable_epsilon'], '.3g')}, δ = {theory['delta']:g} "
                        f"({theory.get('basis') or 'the run’s guarantee'}). Every TPR shown is an upper bound.")
     elif theory is not None:
         theory_note = f"No theoretical curve: {theory.get('reason') or theory.get('error') or 'no guarantee'}."
@@ -149,20 +150,21 @@ def audit_figure(*, theory: dict[str, Any] | None, audit: dict[str, Any] | None,
         bound = float(canaries["epsilon_lower_bound"])
         level = f"{100 * float(canaries.get('confidence', 0.95)):g}%"
         canary_note = (f"Canary audit ({canaries.get('count', '?')} {canaries.get('kind', '')} canaries, one run): "
-                       f"ε ≥ {bound:.3g} at {level} confidence")
+                       f"ε ≥ {rounding.down(bound, '.3g')} at {level} confidence")
         stated = (theory or {}).get("publishable_epsilon")
         if bound <= 0:
             canary_note += ": no evidence beyond what any run shows."
         elif stated is not None and bound <= float(stated):
-            canary_note += (f", {100 * bound / float(stated):.0f}% of the publishable ε = {float(stated):.3g}: "
+            canary_note += (f", {100 * bound / float(stated):.0f}% of the publishable "
+                            f"ε = {rounding.up(float(stated), '.3g')}: "
                             "consistent with the guarantee (the audit finds no leak beyond it).")
         else:
             canary_note += ": the run is not (ε, δ)-DP for any smaller ε."
         stated = (theory or {}).get("publishable_epsilon")
         if stated is not None and bound > float(stated):
             banner = ((banner + " ") if banner else "BUG OR BROKEN ASSUMPTION: ") + (
-                f"The canary audit proves ε ≥ {bound:.3g} at {level} confidence, above the publishable "
-                f"ε = {float(stated):.3g}. Do not publish this ε until this is explained.")
+                f"The canary audit proves ε ≥ {rounding.down(bound, '.3g')} at {level} confidence, above the "
+                f"publishable ε = {rounding.up(float(stated), '.3g')}. Do not publish this ε until this is explained.")
 
     table = []
     theory_tpr = (theory or {}).get("tpr_at_fpr") or {}

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.publication import NO_GUARANTEE, carries_guarantee, publishable_epsilon
+from engine.publication import NO_GUARANTEE, carries_guarantee, publishable_epsilon, publishable_text
 from workbench.audit_view import TheorySource, TradeoffOverlay
 from workbench.plots import Plot, colour, palette_colours, set_curve
 from workbench.run_data import RunData
@@ -105,18 +105,10 @@ def groups_of(rows: list[dict[str, Any]]) -> dict[tuple[str, str], list[int]]:
 def result_texts(row: dict[str, Any]) -> dict[str, str]:
     """A run's results as the table shows them, with the epsilon engine.publication says it may state."""
     eps = publishable_epsilon(row)
-    if row.get("mechanism") == "none":
-        epsilon = "∞ (non-private)"
-    elif eps.withheld:
-        epsilon = "not released"
-    elif eps.value is None:
-        epsilon = "" if eps.guarantee else NO_GUARANTEE
-    else:
-        epsilon = f"{eps.value:.4g}" + ("" if eps.guarantee else f" ({NO_GUARANTEE})")
     done, planned = row.get("steps_done"), row.get("steps_planned")
     return {
         "accuracy": "" if row.get("accuracy") is None else f"{row['accuracy']:.4f}",
-        "epsilon": epsilon,
+        "epsilon": publishable_text(row),
         "delta": "" if eps.delta is None else f"{eps.delta:g}",
         "accountant": eps.accountant or "",
         "steps": "" if done is None else f"{done:,} / {planned:,}" if planned else f"{done:,}",

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine import rounding
 from engine.publication import (
     NO_GUARANTEE,
     NO_GUARANTEE_IN_SHORT,
@@ -66,7 +67,7 @@ def study_statement(study: dict[str, Any], stated: PublishableEpsilon) -> str:
         return f"{label}: not released, no ε to publish (the study releases its best candidate only)"
     if stated.value is None:
         return f"{label}, {study.get('status')}: no ε to publish"
-    return f"ε {stated.value:.3g} (publishable: {label}, {stated.accountant}, δ {stated.delta:g})"
+    return f"ε {rounding.up(stated.value, '.3g')} (publishable: {label}, {stated.accountant}, δ {stated.delta:g})"
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -370,7 +371,7 @@ class Dashboard(QWidget):
                 delta = data.summary.get("delta", data.config.get("delta"))
                 at_delta = f", δ {float(delta):g}" if isinstance(delta, (int, float)) else ""
                 kind = accountant if study is not None else f"publishable, {accountant}"
-                parts.append(f"{alone}ε {value:.3g} ({kind}{at_delta}{where})")
+                parts.append(f"{alone}ε {rounding.up(value, '.3g')} ({kind}{at_delta}{where})")
             if (estimate := pate_released_estimate(data.as_run())) is not None:
                 parts.append(f"data-dependent ε ≈ {estimate:.3g} (released estimate, not a bound)")
             if dd is not None and len(dd):

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine import rounding
 from engine.errors import DPWError, ExportFilesExist
 from workbench.screen import fit_to_screen
 from workbench.settings import Settings
@@ -97,7 +98,8 @@ def export_statement(run: dict[str, Any]) -> str:
     elif not eps.guarantee:
         text = f"<b>{html.escape(no_guarantee_statement(run))}</b>"
     elif eps.value is not None:
-        text = f"ε = {eps.value:.4g}, δ = {eps.delta:g} ({eps.accountant})" + (f"; {eps.note}" if eps.note else "")
+        text = (f"ε = {rounding.up(eps.value, '.4g')}, δ = {eps.delta:g} ({eps.accountant})"
+                + (f"; {eps.note}" if eps.note else ""))
     else:
         text = eps.note or "no epsilon was accounted"
     line = audit_model_line(run)

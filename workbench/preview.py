@@ -15,6 +15,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QRunnable, QThreadPool, QTimer, Signal
 
+from engine import rounding
 from engine.config import RunConfig
 from workbench.form_state import DataSize
 
@@ -37,7 +38,7 @@ def estimate(config: RunConfig, size: DataSize) -> str:
         sigma = config.noise_multiplier
         eps = dpsgd_epsilon(sample_rate=q, noise_multiplier=sigma, steps=steps, delta=config.delta,
                             accountant=config.accountant).value
-        text = f"ε = {eps:.3g} at δ = {config.delta:g} after training ({config.accountant}); {plan}."
+        text = f"ε = {rounding.up(eps, '.3g')} at δ = {config.delta:g} after training ({config.accountant}); {plan}."
         if eps == float("inf"):
             text += "\nThis noise bounds nothing (no finite ε): raise the noise multiplier or set a target ε."
     elif config.target_attack_tpr is not None:
@@ -52,7 +53,7 @@ def estimate(config: RunConfig, size: DataSize) -> str:
                             accountant=config.accountant).value
         text = (f"Noise multiplier σ = {sigma:.3f} keeps any membership attack at "
                 f"TPR ≤ {config.target_attack_tpr:g} at FPR {config.target_attack_fpr:g} "
-                f"(ε = {eps:.3g} at δ = {config.delta:g}, {config.accountant}); {plan}.")
+                f"(ε = {rounding.up(eps, '.3g')} at δ = {config.delta:g}, {config.accountant}); {plan}.")
     else:
         try:
             sigma = calibrate_noise_multiplier(sample_rate=q, steps=steps, target_epsilon=config.target_epsilon,
@@ -122,7 +123,7 @@ def _pate(config: RunConfig, size: DataSize) -> str:
                                   sigma=config.gnmax_sigma, sigma1=config.sigma1, sigma2=config.sigma2,
                                   laplace_scale=config.laplace_scale)
     shard = size.num_train // config.num_teachers
-    value = "∞" if math.isinf(eps) else f"{eps:.3g}"
+    value = "∞" if math.isinf(eps) else rounding.up(eps, ".3g")
     keys = ("aggregator", "num_queries", "gnmax_sigma", "sigma1", "sigma2", "laplace_scale")
     tpr = _pate_tpr_at_1_percent(tuple((k, getattr(config, k)) for k in keys))
     attacker = attacker_line(config, tpr)

@@ -4,9 +4,7 @@ the selected run's guarantee, outcome and config."""
 from __future__ import annotations
 
 import json
-from typing import Any
-
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -26,7 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.publication import publishable_epsilon
+from engine.publication import publishable_epsilon, publishable_text
 from workbench.runs_model import (
     DeletedRunsModel,
     RunsTable,
@@ -47,21 +45,20 @@ RESULT_ROWS = (
     ("accuracy", "Test accuracy"),
     ("steps", "Steps done / planned"),
     ("continued", "Continues"),
+    ("continued_by", "Continued by"),
     ("duration", "Duration"),
     ("stop_reason", "Stopped by"),
     ("error", "Error"),
 )
 
 
-def result_values(row: dict[str, Any]) -> list[tuple[str, str]]:
-    """(label, text) of a run's outcome, with the epsilon engine.publication says it may state."""
+def result_values(row: dict[str, Any], continued_by: Sequence[dict[str, Any]] = ()) -> list[tuple[str, str]]:
+    """(label, text) of a run's outcome, with the epsilon engine.publication says it may state;
+    `continued_by`: the runs that continue it (why Continue run is greyed out for it)."""
     eps = publishable_epsilon(row)
     values = {
         "status": row.get("status"),
-        "epsilon": "∞ (non-private)" if row.get("mechanism") == "none" else
-        (None if eps.value is None else "∞ (no finite guarantee: the noise bounds nothing)"
-         if eps.value == float("inf") else f"{eps.value:.4g}" + ("" if eps.guarantee else " (no guarantee)")
-         + eps.at_step(row.get("steps_done"))),
+        "epsilon": publishable_text(row) + (eps.at_step(row.get("steps_done")) if eps.holds else ""),
         "delta": None if eps.delta is None else f"{eps.delta:g}",
         "accountant": eps.accountant,
         "epsilon_budget": None if row.get("epsilon_budget") is None else f"{row['epsilon_budget']:g}",
@@ -70,6 +67,7 @@ def result_values(row: dict[str, Any]) -> list[tuple[str, str]]:
         else f"{row['steps_done']:,} / {row.get('steps_planned') or '?'}",
         "continued": None if row.get("resumed_from") is None else
         f"run {row['resumed_from']} from step {row.get('steps_resumed') or '?'} (ε covers both)",
+        "continued_by": ", ".join(f"run {r['id']} ({r.get('status')})" for r in continued_by) or None,
         "duration": format_duration(duration_seconds(row)) or None,
         "stop_reason": stop_reason_label(row) or None,
         "error": row.get("error"),
@@ -105,13 +103,15 @@ class ConfigPanel(QTreeWidget):
         self.setRootIsDecorated(True)
         self.setUniformRowHeights(True)
         self.run_id: int | None = None
-        self._shown: dict[str, Any] | None = None
+        self._shown: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
 
-    def show_run(self, row: dict[str, Any] | None) -> None:
-        """Show `row`; a row equal to the one shown is left alone (the list refreshes every 1.5 s)."""
-        if row == self._shown and self.topLevelItemCount() + (row is None) > 0:
+    def show_run(self, row: dict[str, Any] | None, continued_by: Sequence[dict[str, Any]] = ()) -> None:
+        """Show `row` (and the runs that continue it); what is shown already is left alone (the list
+        refreshes every 1.5 s)."""
+        shown = None if row is None else (row, list(continued_by))
+        if shown == self._shown and self.topLevelItemCount() + (row is None) > 0:
             return
-        self._shown = row
+        self._shown = shown
         self.clear()
         self.run_id = None if row is None else row["id"]
         if row is None:
@@ -119,7 +119,7 @@ class ConfigPanel(QTreeWidget):
             return
         self.setHeaderLabels([f"Run {row['id']}: {row.get('name', '')}", ""])
         results = QTreeWidgetItem(self, ["Results"])
-        for label, text in result_values(row):
+        for label, text in result_values(row, continued_by):
             item = QTreeWidgetItem(results, [label, text])
             item.setToolTip(1, text)
         config = QTreeWidgetItem(self, ["Config"])
@@ -288,7 +288,8 @@ class RunsPanel(QWidget):
     def show_run(self, row: dict[str, Any] | None) -> None:
         """The selected run's tags, notes, results and config (None: no run selected)."""
         self.run_notes.show_run(row)
-        self.config.show_run(row)
+        continued_by = [] if row is None else [r for r in self.model.rows if r.get("resumed_from") == row["id"]]
+        self.config.show_run(row, continued_by)
 
     def fit_columns(self) -> None:
         """Columns as wide as their contents (on a reset only, not on every refresh: cheap and stable)."""

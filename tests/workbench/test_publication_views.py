@@ -135,10 +135,22 @@ def test_dashboard_header_of_a_study_candidate_states_what_the_study_lets_it_sta
         return dashboard.budget_label.text()
 
     released = header(9, study)
-    assert released.startswith("ε 4.3 (publishable: study 4 (private), rdp-repeat-and-select, δ 1e-05)")
+    assert released.startswith("ε 4.31 (publishable: study 4 (private), rdp-repeat-and-select, δ 1e-05)")  # 4.302, rounded up
     assert "this run alone: ε 2.31 (pld" in released
     withheld = header(7, study)
     assert withheld.startswith("study 4 (private): not released, no ε to publish")
     assert "publishable" not in withheld.replace("no ε to publish", "") and "this run alone: ε 2.31" in withheld
     running = header(9, {**study, "status": "running", "epsilon": None, "released_run_id": None})
     assert running.startswith("study 4 (private), running: no ε yet")
+
+
+def test_a_run_without_a_guarantee_has_no_number_under_the_publishable_label(qtbot):
+    """The results panel read "ε (publishable)  2.311 (no guarantee)"; the Compare table likewise."""
+    from workbench.compare import result_texts
+    from workbench.runs_panel import result_values
+
+    seeded = dict(rows()[1], epsilon=2.3114)
+    expected = "none: no guarantee (reproducible noise); accounted 2.312"
+    assert dict(result_values(seeded))["ε (publishable)"] == expected
+    assert result_texts(seeded)["epsilon"] == expected
+    assert result_texts(dict(rows()[0], epsilon=2.3114))["epsilon"] == "2.312"  # rounded up, never "2.311"

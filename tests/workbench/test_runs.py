@@ -6,7 +6,6 @@ from PySide6.QtCore import QPoint, Qt
 
 from engine.store import Store
 from workbench.main_window import MainWindow
-from workbench.runs_panel import result_values
 from workbench.runs_model import COLUMNS
 
 RUN_TIMEOUT_MS = 120_000
@@ -94,12 +93,13 @@ def test_a_stopped_run_is_continued_from_its_checkpoint_to_its_end(window, qtbot
     assert run["steps_done"] == run["steps_planned"] and run["epsilon"] > stopped["epsilon"]
     window.refresh_runs()
     window.select_run(second)
-    shown = dict(result_values(window.runs_panel.config._shown))
+    shown = dict(window.runs_panel.config.rows_text())
     assert shown["Continues"] == f"run {run_id} from step {stopped['steps_done']} (ε covers both)"
     qtbot.waitUntil(lambda: f"continues run {run_id} from step {stopped['steps_done']}"
                     in window.dashboard.title.text(), timeout=5000)
     window.select_run(run_id)
-    assert not window.act_continue.isEnabled()  # continued already
+    assert not window.act_continue.isEnabled()  # continued already, and the panel says by which run
+    assert dict(window.runs_panel.config.rows_text())["Continued by"] == f"run {second} (finished)"
 
 
 def test_a_killed_runner_is_reported_and_the_window_keeps_working(window, qtbot, db_path):

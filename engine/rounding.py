@@ -1,0 +1,38 @@
+"""Bounds as text, rounded toward the safe side: an upper bound (an epsilon, a delta, an attack's
+TPR) up, a lower bound (the epsilon an audit proves) down. Rounded to nearest, an epsilon of 2.3114
+shown as "2.31" states a guarantee stronger than the one proven.
+
+The value is read as the shortest decimal that gives it back (its repr): the last bits of a float
+are below any accountant's precision, and 0.1 stays "0.1".
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+
+
+def up(value: float, spec: str) -> str:
+    """`format(value, spec)` with the last digit shown rounded up: up(2.3114, ".3g") == "2.32",
+    up(1.91025, ".4f") == "1.9103". `spec`: ".Nf" (N decimals) or ".Ng" (N significant digits)."""
+    return _rounded(value, spec, ROUND_CEILING)
+
+
+def down(value: float, spec: str) -> str:
+    """`format(value, spec)` with the last digit shown rounded down, for a lower bound."""
+    return _rounded(value, spec, ROUND_FLOOR)
+
+
+def _rounded(value: float, spec: str, rounding: str) -> str:
+    value = float(value)
+    if not math.isfinite(value) or value == 0.0:
+        return format(value, spec)
+    kind, digits = spec[-1], int(spec.lstrip(".")[:-1] or 6)
+    exact = Decimal(repr(value))
+    if kind == "f":
+        quantum = Decimal(1).scaleb(-digits)
+    elif kind == "g":
+        quantum = Decimal(1).scaleb(exact.adjusted() - max(digits, 1) + 1)
+    else:
+        raise ValueError(f"format {spec!r}: only .Nf and .Ng are rounded as bounds")
+    return format(float(exact.quantize(quantum, rounding=rounding)), spec)

@@ -1,0 +1,61 @@
+"""Bounds as text never state a stronger guarantee than the number proven: an epsilon is rounded up
+wherever it is shown, an audit's lower bound down."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from engine import rounding
+from engine.cli_shell import epsilon_text
+from engine.publication import epsilon_label
+
+SPECS = (".3g", ".4g", ".4f", ".3f")
+
+
+def _quantum(value: float, spec: str) -> float:
+    digits = int(spec[1:-1])
+    if spec.endswith("f"):
+        return 10.0 ** -digits
+    return 10.0 ** (math.floor(math.log10(value)) - digits + 1)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_up_is_never_below_the_value_and_at_most_one_shown_digit_above(spec):
+    values = np.exp(np.random.default_rng(0).uniform(math.log(1e-6), math.log(1e7), 4000))
+    for value in map(float, values):
+        shown = float(rounding.up(value, spec))
+        assert shown >= value, (value, spec, shown)
+        assert shown - value <= _quantum(value, spec) * (1 + 1e-9), (value, spec, shown)
+        low = float(rounding.down(value, spec))
+        assert low <= value and value - low <= _quantum(value, spec) * (1 + 1e-9), (value, spec, low)
+
+
+@pytest.mark.parametrize("value, spec, up, down", [
+    (2.3114, ".3g", "2.32", "2.31"),  # to nearest: "2.31", a stronger guarantee than the one proven
+    (1.91025, ".4f", "1.9103", "1.9102"),
+    (2.0, ".3g", "2", "2"),
+    (0.1, ".3g", "0.1", "0.1"),  # read as its repr: not 0.1000000000000000055... rounded up
+    (9.9951, ".3g", "10", "9.99"),
+    (1.23456e-5, ".3g", "1.24e-05", "1.23e-05"),
+    (math.inf, ".4g", "inf", "inf"),
+    (0.0, ".3g", "0", "0"),
+])
+def test_a_bound_as_text(value, spec, up, down):
+    assert rounding.up(value, spec) == up and rounding.down(value, spec) == down
+
+
+def test_every_epsilon_a_view_states_is_rounded_up(tmp_path):
+    from engine.config import RunConfig
+    from engine.report import privacy_statement
+    from engine.store import Store
+
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = store.create_run(RunConfig(name="r", noise_multiplier=1.0))
+    store.update_run(run_id, status="finished", epsilon=2.3114, delta=1e-5, accountant="pld")
+    run = store.get_run(run_id)
+    assert epsilon_label(run) == "2.32"  # the runs list: ".3g"; to nearest it read "2.31"
+    assert "satisfies (2.312, 1e-05)-differential privacy" in privacy_statement(run)["statement"]
+    assert epsilon_text(2.31141) == "2.3115" and epsilon_text(4e301) == "4e+301"  # every dpw command
