@@ -497,9 +497,9 @@ def print_summary(run_row: dict[str, Any], *, include_teacher_stats: bool = Fals
     elif run_row.get("steps_done") is not None and run_row.get("steps_planned"):
         lines.append(f"  steps          {run_row['steps_done']} of {run_row['steps_planned']}")
     if summary.get("seconds") is not None and run_row.get("mechanism") == "pate":
-        lines.append(f"  time           {summary['seconds']:.1f} s (teachers {summary.get('teacher_seconds', 0):.1f} s)")
+        lines.append(f"  training time  {summary['seconds']:.1f} s (teachers {summary.get('teacher_seconds', 0):.1f} s)")
     elif summary.get("seconds") is not None:
-        lines.append(f"  time           {summary['seconds']:.1f} s ({summary.get('samples_per_second', 0):.0f} samples/s)")
+        lines.append(f"  training time  {summary['seconds']:.1f} s ({summary.get('samples_per_second', 0):.0f} samples/s)")
     if summary.get("distributed"):
         lines.append(f"  processes      {summary['distributed']['world_size']} (torch.distributed; the noise added "
                      f"once per step, by {summary['distributed']['noise_added_by']})")

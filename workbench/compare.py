@@ -79,7 +79,7 @@ RESULT_ROWS = (
     ("delta", "δ"),
     ("accountant", "Accountant"),
     ("steps", "Steps done / planned"),
-    ("duration", "Duration"),
+    ("duration", "Wall time"),
     ("status", "Status"),
 )
 

@@ -33,7 +33,7 @@ COLUMNS = (  # what a run gave (status, ε, accuracy) first: in view at the list
     ("tags", "Tags"),
     ("epsilon_budget", "Budget"),
     ("steps", "Steps"),
-    ("duration", "Duration"),
+    ("duration", "Wall time"),  # start to end; the results panel also shows the training time
     ("stop_reason", "Stopped by"),
     ("started", "Started"),
 )

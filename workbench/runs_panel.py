@@ -46,7 +46,8 @@ RESULT_ROWS = (
     ("steps", "Steps done / planned"),
     ("continued", "Continues"),
     ("continued_by", "Continued by"),
-    ("duration", "Duration"),
+    ("training_time", "Training time"),
+    ("duration", "Wall time"),
     ("stop_reason", "Stopped by"),
     ("error", "Error"),
 )
@@ -68,7 +69,8 @@ def result_values(row: dict[str, Any], continued_by: Sequence[dict[str, Any]] = 
         "continued": None if row.get("resumed_from") is None else
         f"run {row['resumed_from']} from step {row.get('steps_resumed') or '?'} (ε covers both)",
         "continued_by": ", ".join(f"run {r['id']} ({r.get('status')})" for r in continued_by) or None,
-        "duration": format_duration(duration_seconds(row)) or None,
+        "training_time": format_duration((row.get("summary") or {}).get("seconds")) or None,  # as dpw show's
+        "duration": format_duration(duration_seconds(row)) or None,  # start to end: loading, training, audit
         "stop_reason": stop_reason_label(row) or None,
         "error": row.get("error"),
     }

@@ -501,3 +501,14 @@ def test_dpw_run_says_so_when_its_run_was_deleted_as_it_ended(tmp_path, capsys, 
     assert f"run {run_id} ended ({status}) and was deleted meanwhile" in capsys.readouterr().out
     with pytest.raises(Exception, match="no run with id 99"):
         end_of_run(store, 99, "finished", as_json=False)  # never a run here: still the plain error
+
+
+def test_dpw_show_names_its_time_the_training_time(tmp_path, capsys):
+    """The window shows the wall time (start to end) beside it: one label each, never a bare 'time'."""
+    from engine.cli import print_summary
+
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = store.create_run(RunConfig(name="timed", noise_multiplier=1.0))
+    store.update_run(run_id, status="finished", summary={"seconds": 8.6, "samples_per_second": 1673})
+    print_summary(store.get_run(run_id))
+    assert "  training time  8.6 s (1673 samples/s)" in capsys.readouterr().out

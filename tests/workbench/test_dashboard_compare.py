@@ -64,7 +64,7 @@ def test_the_config_table_starts_with_results_and_uses_the_forms_labels_and_unit
     qtbot.addWidget(view)
     view.show_runs([(r, RunData(run_id=r["id"], mechanism="dpsgd")) for r in rows], rows)
     labels = view.row_labels()
-    assert labels[:7] == ["Test accuracy", "ε (publishable)", "δ", "Accountant", "Steps done / planned", "Duration",
+    assert labels[:7] == ["Test accuracy", "ε (publishable)", "δ", "Accountant", "Steps done / planned", "Wall time",
                           "Status"]
     assert labels[7:9] == ["Name", "Noise multiplier (× clipping norm)"]  # the differences, first among settings
     assert "noise_multiplier" not in labels and "Delta (δ)" in labels and "Clipping norm (L2 norm)" in labels

@@ -154,3 +154,15 @@ def test_a_run_without_a_guarantee_has_no_number_under_the_publishable_label(qtb
     assert dict(result_values(seeded))["ε (publishable)"] == expected
     assert result_texts(seeded)["epsilon"] == expected
     assert result_texts(dict(rows()[0], epsilon=2.3114))["epsilon"] == "2.312"  # rounded up, never "2.311"
+
+
+def test_the_results_panel_names_which_time_it_shows():
+    """'Duration 17 s' in the window beside 'time 8.6 s' in dpw show, for one run: the window's is start
+    to end (loading, training, audit), dpw show's the training alone."""
+    from workbench.runs_panel import result_values
+
+    row = dict(rows()[0], started="2026-11-29T10:00:00+00:00", finished="2026-11-29T10:00:17+00:00",
+               summary={"seconds": 8.6, "samples_per_second": 1673})
+    shown = dict(result_values(row))
+    assert (shown["Training time"], shown["Wall time"]) == ("9 s", "17 s")
+    assert "Duration" not in shown
