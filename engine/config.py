@@ -561,15 +561,7 @@ class RunConfig:
         path that exists there (a registered dataset's name stays a name; a path found only from the
         working folder is kept as given, as configs written before this rule meant it). Absolute
         paths are stored with the run, so the run's data is found again from any folder."""
-        from engine.datasets import DATASETS
-
-        folder = Path(folder)
-        changes: dict[str, Any] = {}
-        if self.data_dir and not Path(self.data_dir).expanduser().is_absolute():
-            changes["data_dir"] = str((folder / self.data_dir).resolve())
-        dataset = Path(self.dataset).expanduser()
-        if self.dataset not in DATASETS and not dataset.is_absolute() and (folder / dataset).exists():
-            changes["dataset"] = str((folder / dataset).resolve())
+        changes = paths_from_file(self.to_dict(), folder)
         return self.replace(**changes) if changes else self
 
     def config_hash(self) -> str:
@@ -652,6 +644,22 @@ class RunConfig:
     def steps_for(self, num_train: int) -> int:
         """Number of steps: epochs × N / expected batch size, rounded up."""
         return math.ceil(self.epochs * num_train / self.expected_batch_size)
+
+
+def paths_from_file(values: dict[str, Any], folder: str | Path) -> dict[str, Any]:
+    """The relative paths among a config file's `values` taken from the file's `folder`, as
+    RunConfig.with_paths_from states the rule: {field: absolute path} for those that change."""
+    from engine.datasets import DATASETS
+
+    folder = Path(folder)
+    changes: dict[str, Any] = {}
+    data_dir, dataset = values.get("data_dir"), values.get("dataset")
+    if isinstance(data_dir, str) and data_dir and not Path(data_dir).expanduser().is_absolute():
+        changes["data_dir"] = str((folder / data_dir).resolve())
+    if (isinstance(dataset, str) and dataset and dataset not in DATASETS
+            and not Path(dataset).expanduser().is_absolute() and (folder / Path(dataset).expanduser()).exists()):
+        changes["dataset"] = str((folder / Path(dataset).expanduser()).resolve())
+    return changes
 
 
 def read_toml(path: str | Path, field: str) -> dict[str, Any]:

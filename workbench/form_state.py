@@ -128,6 +128,12 @@ class FormState:
             if name in values:
                 self.texts[name] = to_text(name, values[name])
 
+    def load_values(self, values: dict[str, Any]) -> None:
+        """The defaults, then each known setting of `values` (a config file that is not valid as a
+        whole: its wrong settings are then marked, not refused one at a time)."""
+        self.texts = {name: to_text(name, value) for name, value in defaults().items()}
+        self.set_values(values)
+
     def load_config(self, config: RunConfig) -> None:
         values = config.to_dict()
         values.pop("schema_version", None)

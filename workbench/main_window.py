@@ -23,9 +23,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import RunConfig
+from engine.config import RunConfig, paths_from_file, read_toml
 from engine.checkpoint import can_continue
-from engine.errors import DPWError
+from engine.errors import ConfigError, DPWError
 from workbench.audit_view import AuditView, TheorySource
 from workbench.compare import CompareView
 from workbench.dashboard import Dashboard
@@ -34,6 +34,7 @@ from workbench.dialogs import ExportDialog, ReportDialog, describe_error
 from workbench.engine_client import EngineClient
 from workbench.precheck_client import PrecheckClient, check_while_painting
 from workbench.first_start import first_config
+from workbench.form_state import field_names
 from workbench.probe import EngineProbe
 from workbench.run_data import RunData
 from workbench.runs_model import COLUMNS, RunsTable, has_model
@@ -850,13 +851,26 @@ class MainWindow(QMainWindow):
         return path, loaded
 
     def open_config(self, path: str | None = None) -> bool:
-        path, config = self._open_toml(path, RunConfig.load_toml, folder_key="setup/folder",
+        """File ▸ Open config: a valid file fills the form; one with wrong settings fills it as far as
+        it goes, every wrong setting marked at once and unknown keys named (the first refusal alone,
+        with nothing loaded, made fixing six problems six round trips)."""
+        path, loaded = self._open_toml(path, load_config_file, folder_key="setup/folder",
                                        title="Open run config", file_filter=TOML_FILTER, what="the config")
-        if config is None:
+        if loaded is None:
             return False
-        self.form.load_config(config)
+        if isinstance(loaded, RunConfig):
+            self.form.load_config(loaded)
+            self.statusBar().showMessage(f"Loaded {path}", 5000)
+        else:
+            values, unknown = loaded
+            self.form.load_values(values)
+            marked = len(self.form.errors)
+            lines = [f"{path} is not a valid config as it is. Its settings are loaded into the form"
+                     + (f", and the {marked} that need fixing are marked there." if marked else ".")]
+            if unknown:
+                lines.append(f"Not known, left out: {', '.join(unknown)}.")
+            QMessageBox.warning(self, "The config needs fixing", "\n\n".join(lines))
         self.tabs.setCurrentWidget(self.form)
-        self.statusBar().showMessage(f"Loaded {path}", 5000)
         return True
 
     def save_config(self, path: str | None = None) -> bool:
@@ -877,6 +891,21 @@ class MainWindow(QMainWindow):
 
 
 __all__ = ["MainWindow"]
+
+
+def load_config_file(path: str) -> RunConfig | tuple[dict[str, Any], list[str]]:
+    """A config file as a RunConfig; if its settings do not make one, (its known settings, relative
+    paths taken from its folder as for a valid file; its unknown keys). A file that is not TOML
+    raises ConfigError as RunConfig.load_toml does."""
+    try:
+        return RunConfig.load_toml(path)
+    except ConfigError:
+        values = read_toml(path, "config")
+    known = set(field_names())
+    unknown = sorted(k for k in values if k not in known and k != "schema_version")
+    kept = {k: v for k, v in values.items() if k in known}
+    kept.update(paths_from_file(kept, Path(path).parent))
+    return kept, unknown
 
 
 class OwnShortcuts(QObject):

@@ -318,6 +318,13 @@ class SetupForm(QWidget):
         self._load_state_into_widgets()
         self.revalidate()
 
+    def load_values(self, values: dict[str, Any]) -> None:
+        """A config file's values that do not make a valid config, as far as they go: the form's
+        defaults, then each known setting's value as its text (wrong ones are then marked)."""
+        self.state.load_values(values)
+        self._load_state_into_widgets()
+        self.revalidate()
+
     def set_value(self, name: str, value: Any) -> None:
         """Set one field as a user would (text in its widget), then revalidate."""
         self.fields[name].set_text(form_state.to_text(name, value) if not isinstance(value, str) else value)

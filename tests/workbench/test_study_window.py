@@ -198,3 +198,26 @@ def test_the_first_open_dialogs_start_in_the_bundled_examples_then_in_the_last_f
     window.open_config()
     assert started == [str(EXAMPLES_DIR), str(EXAMPLES_DIR), str(tmp_path)]
     assert (EXAMPLES_DIR / "study-digits.toml").is_file()  # the study dialog's first folder holds studies too
+
+
+def test_open_config_loads_a_file_with_wrong_settings_and_marks_every_one(window, tmp_path, monkeypatch):
+    """A file with six problems: the window said only the first ('frobnicate: is not a known setting')
+    and loaded nothing; with that key removed, only the next one."""
+    from PySide6.QtWidgets import QMessageBox
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad-config"\ndataset = "digits"\nmodel = "mnist_cnn"\nmechanism = "dpsgd"\n'
+                   'noise_multiplier = -1\nclipping_norm = "one"\ndelta = 0.5\nexpected_batch_size = 64\n'
+                   'epochs = 2\noptimizer = "adamw"\nfrobnicate = 3\ndata_dir = "data"\n', encoding="utf-8")
+    said = []
+    monkeypatch.setattr(QMessageBox, "warning", lambda *args: said.append(args[2]))
+    assert window.open_config(str(bad)) is True
+    form = window.form
+    assert form.state.texts["name"] == "bad-config" and form.state.texts["epochs"] == "2"
+    assert form.state.texts["data_dir"] == str(tmp_path / "data")  # relative to the file, as for a valid one
+    assert {"noise_multiplier", "clipping_norm", "optimizer"} <= set(form.errors)  # delta: against N, once read
+    assert not form.start_button.isEnabled()
+    (message,) = said
+    assert f"the {len(form.errors)} that need fixing are marked there" in message
+    assert "Not known, left out: frobnicate." in message
+    assert window.tabs.currentWidget() is form
