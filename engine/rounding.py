@@ -9,7 +9,9 @@ are below any accountant's precision, and 0.1 stays "0.1".
 from __future__ import annotations
 
 import math
-from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
+
+_EXACT = Context(prec=800)  # every digit of any float at ".Nf": 1e308 has 309 before the point
 
 
 def up(value: float, spec: str) -> str:
@@ -35,4 +37,4 @@ def _rounded(value: float, spec: str, rounding: str) -> str:
         quantum = Decimal(1).scaleb(exact.adjusted() - max(digits, 1) + 1)
     else:
         raise ValueError(f"format {spec!r}: only .Nf and .Ng are rounded as bounds")
-    return format(float(exact.quantize(quantum, rounding=rounding)), spec)
+    return format(float(exact.quantize(quantum, rounding=rounding, context=_EXACT)), spec)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from engine.cli_shell import epsilon_text
 from engine.dpsgd.trainer import predict
 from engine.errors import DPWError
 from engine.export import export_run
@@ -170,7 +171,7 @@ def test_pate_list_and_show_lead_with_the_publishable_epsilon(pate_run):
     assert shown["run"]["epsilon"] == shown["run"]["summary"]["epsilon"] == publishable
     assert "teacher_accuracy" not in shown["run"]["summary"] and "ensemble_accuracy" not in shown["run"]["summary"]
     text = runner.invoke(cli, ["show", str(run_id), "--db", str(store.path)]).output
-    assert f"ε = {publishable:.4f}" in text and "not publishable" in text and "mean accuracy" not in text
+    assert f"ε = {epsilon_text(publishable)}" in text and "not publishable" in text and "mean accuracy" not in text
     assert f"data-dependent ε ≈ {summary['epsilon_released']:.4g}, released privately" in text
     asked = json.loads(runner.invoke(cli, ["show", str(run_id), "--json", "--include-teacher-stats",
                                            "--db", str(store.path)]).output)

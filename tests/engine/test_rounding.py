@@ -24,7 +24,9 @@ def _quantum(value: float, spec: str) -> float:
 
 @pytest.mark.parametrize("spec", SPECS)
 def test_up_is_never_below_the_value_and_at_most_one_shown_digit_above(spec):
-    values = np.exp(np.random.default_rng(0).uniform(math.log(1e-6), math.log(1e7), 4000))
+    rng = np.random.default_rng(0)
+    values = np.concatenate([np.exp(rng.uniform(math.log(1e-6), math.log(1e7), 4000)),
+                             10.0 ** rng.uniform(7, 307, 200)])  # a PATE bound can be astronomically large
     for value in map(float, values):
         shown = float(rounding.up(value, spec))
         assert shown >= value, (value, spec, shown)
@@ -41,6 +43,8 @@ def test_up_is_never_below_the_value_and_at_most_one_shown_digit_above(spec):
     (9.9951, ".3g", "10", "9.99"),
     (1.23456e-5, ".3g", "1.24e-05", "1.23e-05"),
     (math.inf, ".4g", "inf", "inf"),
+    (1.5e300, ".3f", format(1.5e300, ".3f"), format(1.5e300, ".3f")),  # beyond decimal's 28 digits: it raised
+    (348.21, ".3f", "348.210", "348.210"),
     (0.0, ".3g", "0", "0"),
 ])
 def test_a_bound_as_text(value, spec, up, down):

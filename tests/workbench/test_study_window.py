@@ -10,6 +10,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMenu
 
+from engine import rounding
 from engine.publication import exploratory_note, publishable_epsilon
 from engine.study import plan_summary
 from engine.study_config import StudyConfig
@@ -60,7 +61,7 @@ def test_a_study_shows_its_plan_then_runs_in_the_background_grouped_in_the_runs_
     assert "2 combinations" in dialog.rows()["Space"]
     qtbot.waitUntil(dialog.start_button.isEnabled, timeout=120_000)
     expected = plan_summary(StudyConfig.load_toml(path))
-    assert dialog.rows()["Study epsilon"].startswith(f"{expected['epsilon']:.4g} at delta 1e-05 (pld-composition)")
+    assert dialog.rows()["Study epsilon"].startswith(f"{rounding.up(expected['epsilon'], '.4g')} at delta 1e-05 (pld-composition)")
     dialog.start_button.click()
     qtbot.waitUntil(lambda: bool(getattr(window, "studies", [])), timeout=5000)
     study = window.studies[-1]
@@ -74,7 +75,7 @@ def test_a_study_shows_its_plan_then_runs_in_the_background_grouped_in_the_runs_
     labels = {window.runs_model.index(r, column("study")).data() for r in range(window.runs_model.rowCount())}
     assert labels == {f"{study_id} tiny (composition)"}
     shown = {window.runs_model.index(r, column("epsilon")).data() for r in range(window.runs_model.rowCount())}
-    assert shown == {f"{expected['epsilon']:.3g}"}  # the study's epsilon, never a lone run's
+    assert shown == {rounding.up(expected['epsilon'], '.3g')}  # the study's epsilon, never a lone run's
     tip = window.runs_model.index(0, column("epsilon")).data(Qt.ItemDataRole.ToolTipRole)
     assert "composes all of them" in tip
     window.runs_model.set_filter_text("composition")  # the filter box matches the Study column too
@@ -87,7 +88,7 @@ def test_a_study_shows_its_plan_then_runs_in_the_background_grouped_in_the_runs_
     # The dashboard of a candidate leads with the study's epsilon, as the list does.
     window.select_runs([rows[0]["id"]])
     header = window.dashboard.budget_label.text()
-    assert header.startswith(f"ε {expected['epsilon']:.3g} (publishable: study {study_id} (composition)"), header
+    assert header.startswith(f"ε {rounding.up(expected['epsilon'], '.3g')} (publishable: study {study_id} (composition)"), header
     assert "this run alone: ε" in header
 
 
