@@ -85,7 +85,9 @@ class _Field:
                 w.setEditText(text)
             else:
                 index = w.findText(text)
-                w.setCurrentIndex(max(index, 0))
+                # A value that is none of the choices (a config file's 'adamw') shows as no choice, marked,
+                # not as the first one: any choice the user then makes is a change.
+                w.setCurrentIndex(index if index >= 0 or text.strip() else 0)
         else:
             w.setText(text)
         w.blockSignals(False)

@@ -221,4 +221,8 @@ def test_open_config_loads_a_file_with_wrong_settings_and_marks_every_one(window
     (message,) = said
     assert f"the {len(form.errors)} that need fixing are marked there" in message
     assert "Not known, left out: frobnicate." in message
+    optimizer = form.fields["optimizer"].editor
+    assert optimizer.currentIndex() == -1  # 'adamw' is no choice: shown as none, not as 'sgd'
+    optimizer.setCurrentIndex(optimizer.findText("sgd"))  # the user's choice is taken as a change
+    assert "optimizer" not in form.errors and form.state.texts["optimizer"] == "sgd"
     assert window.tabs.currentWidget() is form
