@@ -637,8 +637,11 @@ class MainWindow(QMainWindow):
             if not active:
                 return
             run_id = active[0]
+        queued = run_id in self.client.queue
         self.client.stop(run_id)
-        self.statusBar().showMessage(f"Stopping run {run_id} after its current step…", 5000)
+        self.statusBar().showMessage(f"Run {run_id} taken off the queue before it started: no step taken, no "
+                                     "privacy spent" if queued else f"Stopping run {run_id} after its current step…",
+                                     5000)
 
     def delete_selected(self, *, confirm: bool = True) -> list[int]:
         """Delete the selected runs (after asking); a running one is refused, a queued one is dropped

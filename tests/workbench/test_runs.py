@@ -230,6 +230,23 @@ def test_runs_wait_in_a_queue_one_at_a_time(window, qtbot, db_path):
     assert b["started"] >= a["finished"]
 
 
+def test_stopping_a_queued_run_says_it_never_started(window, qtbot, db_path):
+    """The status bar said "Stopping run 10 after its current step…" for a run that never started."""
+    quick_digits(window, "queue-long", epochs=400)
+    running = start(window, qtbot)
+    quick_digits(window, "queue-waiting", epochs=1)
+    queued = start(window, qtbot)
+    window.select_run(queued)
+    window.act_stop.trigger()
+    assert window.statusBar().currentMessage() == (f"Run {queued} taken off the queue before it started: no step "
+                                                   "taken, no privacy spent")
+    assert Store(db_path).get_run(queued)["status"] == "stopped"
+    window.select_run(running)
+    window.act_stop.trigger()
+    assert window.statusBar().currentMessage() == f"Stopping run {running} after its current step…"
+    qtbot.waitUntil(lambda: not window.client.is_active(running), timeout=RUN_TIMEOUT_MS)
+
+
 def test_deleting_runs_refuses_a_running_one_and_removes_the_others(window, qtbot, db_path, monkeypatch):
     from PySide6.QtWidgets import QMessageBox
 
