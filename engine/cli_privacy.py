@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from engine import rounding
 from engine.cli_shell import UserError, echo_json, epsilon_text
 from engine.config import RELEASE_PARAMETERS, as_toml
 
@@ -60,7 +61,7 @@ def privacy_dpsgd(sample_rate: float, noise_multiplier: float, steps: int, delta
     if as_json:
         echo_json({"epsilon": eps.value, "delta": eps.delta, "accountant": eps.accountant})
     else:
-        click.echo(f"epsilon = {eps.value:.6g} at delta = {eps.delta:.10g} ({eps.accountant})"
+        click.echo(f"epsilon = {rounding.up(eps.value, '.6g')} at delta = {eps.delta:.10g} ({eps.accountant})"
                    + (": this noise bounds nothing; dpw privacy risk shows what an attacker can still not do"
                       if eps.value == math.inf else ""))
 
@@ -158,9 +159,9 @@ def privacy_calibrate(sample_rate: float, steps: int, epsilon: float | None, del
     if as_json:
         echo_json({"noise_multiplier": sigma})
     elif attack_tpr is not None:
-        click.echo(f"noise multiplier = {sigma:.6g} (attack TPR <= {attack_tpr:g} at FPR {at_fpr:g}, pld)")
+        click.echo(f"noise multiplier = {rounding.up(sigma, '.6g')} (attack TPR <= {attack_tpr:g} at FPR {at_fpr:g}, pld)")
     else:
-        click.echo(f"noise multiplier = {sigma:.6g} ({accountant})")
+        click.echo(f"noise multiplier = {rounding.up(sigma, '.6g')} ({accountant})")  # more noise, never less
 
 
 @privacy.command("tuning")
@@ -207,9 +208,10 @@ def privacy_tuning(sample_rate: float, noise_multiplier: float, steps: int, delt
         law = f"truncated negative binomial, shape {result.shape:g}, mean {result.mean_runs:g} (gamma = {result.gamma:.6g})"
     click.echo("\n".join([
         f"K candidates ~ {law}; only the best is released",
-        f"  epsilon (study)    = {eps.value:.6g} at delta = {eps.delta:g} ({eps.accountant}, order {eps.order:g})"
-        if eps.order is not None else f"  epsilon (study)    = {eps.value:.6g} at delta = {eps.delta:g} ({eps.accountant})",
-        f"  epsilon (one run)  = {single.value:.6g} (same analysis; dpw privacy dpsgd gives the tighter pld figure)",
+        f"  epsilon (study)    = {rounding.up(eps.value, '.6g')} at delta = {eps.delta:g} ({eps.accountant}, "
+        f"order {eps.order:g})" if eps.order is not None else
+        f"  epsilon (study)    = {rounding.up(eps.value, '.6g')} at delta = {eps.delta:g} ({eps.accountant})",
+        f"  epsilon (one run)  = {rounding.up(single.value, '.6g')} (same analysis; dpw privacy dpsgd gives the tighter pld figure)",
     ]))
 
 
@@ -361,7 +363,7 @@ def privacy_pate(votes_file: Path, mechanism: str, sigma: float | None, threshol
         f"{mechanism}: {result.num_queries} queries, {result.answered:.6g} answered{expected}",
         f"  epsilon (data-dependent)    = {result.epsilon_data_dependent:.6g} at order {result.order}"
         "  — depends on the votes: not safe to publish as is",
-        f"  epsilon (data-independent)  = {result.epsilon_data_independent:.6g} at order {result.order_data_independent}"
+        f"  epsilon (data-independent)  = {rounding.up(result.epsilon_data_independent, '.6g')} at order {result.order_data_independent}"
         "  — the guarantee: holds whatever the votes",
     ]
     if released is not None:

@@ -51,7 +51,7 @@ def estimate(config: RunConfig, size: DataSize) -> str:
             return f"Cannot calibrate: {exc}"
         eps = dpsgd_epsilon(sample_rate=q, noise_multiplier=sigma, steps=steps, delta=config.delta,
                             accountant=config.accountant).value
-        text = (f"Noise multiplier σ = {sigma:.3f} keeps any membership attack at "
+        text = (f"Noise multiplier σ = {rounding.up(sigma, '.3f')} keeps any membership attack at "
                 f"TPR ≤ {config.target_attack_tpr:g} at FPR {config.target_attack_fpr:g} "
                 f"(ε = {rounding.up(eps, '.3g')} at δ = {config.delta:g}, {config.accountant}); {plan}.")
     else:
@@ -60,7 +60,7 @@ def estimate(config: RunConfig, size: DataSize) -> str:
                                                delta=config.delta, accountant=config.accountant)
         except ValueError as exc:
             return f"Cannot calibrate: {exc}"
-        text = (f"Noise multiplier σ = {sigma:.3f} reaches ε = {config.target_epsilon:g} at δ = {config.delta:g} "
+        text = (f"Noise multiplier σ = {rounding.up(sigma, '.3f')} reaches ε = {config.target_epsilon:g} at δ = {config.delta:g} "
                 f"({config.accountant}); {plan}.")
     if config.epsilon_budget is not None:
         allowed = max_steps_within_budget(sample_rate=q, noise_multiplier=sigma, delta=config.delta,
