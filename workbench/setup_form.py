@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
+    QBoxLayout,
     QCheckBox,
     QComboBox,
     QFileDialog,
@@ -157,11 +158,14 @@ class SetupForm(QWidget):
         scroll.setWidget(body)
         outer.addWidget(scroll, 1)
 
-        columns = QHBoxLayout()
+        # Two columns side by side, one under the other where the form is narrower than both need (an
+        # 800x600 window pushed the whole Privacy column behind a horizontal scroll bar).
+        self.columns = QBoxLayout(QBoxLayout.Direction.LeftToRight)
         left, right = QVBoxLayout(), QVBoxLayout()
-        columns.addLayout(left, 1)
-        columns.addLayout(right, 1)
-        self.body_layout.addLayout(columns)
+        self.columns.addLayout(left, 1)
+        self.columns.addLayout(right, 1)
+        self.body_layout.addLayout(self.columns)
+        self._column_layouts = (left, right)
         placement = {"run": left, "data": left, "model": left, "privacy": right, "training": right, "pate": right}
         for name, _, spec in form_state.config_fields():
             if spec.group not in self.groups:
@@ -336,6 +340,18 @@ class SetupForm(QWidget):
         for name, f in self.fields.items():
             f.set_text(self.state.texts[name])
         self._apply_mechanism()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt naming)
+        super().resizeEvent(event)
+        self._fit_columns()
+
+    def _fit_columns(self) -> None:
+        """The two columns side by side where both fit, else one under the other."""
+        needed = sum(column.minimumSize().width() for column in self._column_layouts) + 48  # margins, scroll bar
+        direction = (QBoxLayout.Direction.TopToBottom if self.width() < needed
+                     else QBoxLayout.Direction.LeftToRight)
+        if self.columns.direction() != direction:
+            self.columns.setDirection(direction)
 
     def set_model_fits(self, fits: dict[str, tuple[tuple[int, ...], list[str]]]) -> None:
         """Which models fit each registered dataset (from the engine probe); revalidates."""

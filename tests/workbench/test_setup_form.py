@@ -342,3 +342,23 @@ def test_a_typed_dataset_path_is_read_once_it_stops_changing(form, qtbot, tmp_pa
     form.set_value("epochs", "2")  # a setting that does not change N: no new read
     qtbot.waitUntil(lambda: "20 steps" in form.preview_label.text(), timeout=20_000)
     assert len(read) == 1
+
+
+def test_a_narrow_form_puts_the_privacy_column_under_the_others_not_off_the_edge(form, qtbot):
+    """At 800x600 the Privacy column (mechanism, δ, budget, the cost preview) sat behind a horizontal
+    scroll bar, only "Mech", "Delta" and "Epsil" showing."""
+    from PySide6.QtWidgets import QApplication
+
+    privacy, run = form.groups["privacy"][0], form.groups["run"][0]
+
+    def placed(width: int) -> tuple[int, int]:
+        form.resize(width, 600)
+        for _ in range(3):
+            QApplication.processEvents()
+        return privacy.mapTo(form, privacy.rect().topLeft()).x(), privacy.mapTo(form, privacy.rect().topRight()).x()
+
+    left, right = placed(1400)
+    assert left > run.width() and right < 1400  # side by side
+    left, right = placed(500)
+    assert left < 20 and right < 500  # under the run settings, whole
+    assert privacy.mapTo(form, privacy.rect().topLeft()).y() > run.mapTo(form, run.rect().bottomLeft()).y()
