@@ -558,6 +558,14 @@ def list_row(run: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def bound_cell(epsilon: float | None) -> str | None:
+    """An epsilon in a `dpw list` or `dpw ledger` table: rounded up at 4 significant digits, "∞" when
+    no bound holds, None (shown "-") when there is none."""
+    if epsilon is None:
+        return None
+    return "∞" if epsilon == math.inf else rounding.up(epsilon, ".4g")
+
+
 @cli.command("list")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
@@ -591,7 +599,7 @@ def list_runs(db: Path | None, as_json: bool, deleted: bool) -> None:
     for r in rows:
         r.pop("accountant")
         r.pop("notes")  # free text of any length: `dpw show` and --json have it
-        text = None if r["epsilon"] is None else "∞" if r["epsilon"] == math.inf else rounding.up(r["epsilon"], ".4g")
+        text = bound_cell(r["epsilon"])
         if r.pop("guarantee") is False and r["mechanism"] != "none":
             text = f"{text} ({NO_GUARANTEE})" if text is not None else NO_GUARANTEE
         r["epsilon"] = text
@@ -620,8 +628,9 @@ def list_deleted(store, *, as_json: bool) -> None:
     for r in rows:
         r["tags"] = ", ".join(r["tags"]) or None
         r["deleted"] = (r["deleted"] or "")[:16].replace("T", " ") or None
-        if r.pop("no_guarantee") and r["epsilon"] is not None:
-            r["epsilon"] = f"{rounding.up(r['epsilon'], '.4g')} ({NO_GUARANTEE})"
+        no_guarantee = r.pop("no_guarantee")
+        if r["epsilon"] is not None:
+            r["epsilon"] = bound_cell(r["epsilon"]) + (f" ({NO_GUARANTEE})" if no_guarantee else "")
     click.echo(tabulate(rows, headers="keys", floatfmt=".4g", missingval="-"))
 
 
@@ -664,7 +673,7 @@ def ledger(db: Path | None, dataset_name: str | None, delta: float | None, as_js
                        f"ε = {rounding.up(entry.composed_epsilon, '.4g')} at "
                        f"δ = {rounding.up(entry.composed_delta, '.3g')}")
         rows = [{"id": e.run_id, "name": e.name, "mechanism": e.mechanism,
-                 "status": "deleted" if e.deleted else e.status, "epsilon": e.epsilon, "delta": e.delta,
+                 "status": "deleted" if e.deleted else e.status, "epsilon": bound_cell(e.epsilon), "delta": e.delta,
                  "counted": e.counted + (f": {e.why}" if e.why else "")} for e in entry.entries]
         click.echo(tabulate(rows, headers="keys", floatfmt=".4g", missingval="-"))
 

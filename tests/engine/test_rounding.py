@@ -63,3 +63,6 @@ def test_every_epsilon_a_view_states_is_rounded_up(tmp_path):
     assert epsilon_label(run) == "2.32"  # the runs list: ".3g"; to nearest it read "2.31"
     assert "satisfies (2.312, 1e-05)-differential privacy" in privacy_statement(run)["statement"]
     assert epsilon_text(2.31141) == "2.3115" and epsilon_text(4e301) == "4e+301"  # every dpw command
+    from engine.cli import bound_cell
+
+    assert [bound_cell(e) for e in (2.3114, math.inf, None)] == ["2.312", "∞", None]  # dpw list, ledger tables
