@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine import rounding
 from workbench.screen import fit_to_screen
 from workbench.dialogs import Task, describe_error, start_task
 
@@ -28,9 +29,10 @@ COUNTED = {"composed": "composed exactly (PLD)", "added": "added (ε, δ)", "unb
 
 
 def number(value: float | None, fmt: str) -> str:
+    """A run's epsilon or delta in the ledger: an upper bound, rounded up (engine.rounding)."""
     if value is None:
         return "–"
-    return "∞" if math.isinf(value) else format(value, fmt)
+    return "∞" if math.isinf(value) else rounding.up(value, fmt)
 
 
 class LedgerDialog(QDialog):
