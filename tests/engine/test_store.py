@@ -12,6 +12,7 @@ from engine.config import RunConfig
 from engine.errors import DPWError
 from engine.events import EventWriter
 from engine.store import SCHEMA_VERSION, Store
+from left_behind_wal import backup_restored_beside_a_stale_log, write_and_die
 
 
 @pytest.fixture
@@ -635,27 +636,6 @@ def test_a_version_4_store_gets_each_runs_dataset_fingerprint_from_its_plan_even
     assert store.deleted_runs()[0]["dataset_fingerprint"] is None
 
 
-KILLED_WRITER = """
-import os, sys
-from engine.config import RunConfig
-from engine.events import EventWriter
-from engine.store import Store
-store = Store(sys.argv[1])
-for n in range(int(sys.argv[2])):
-    run_id = store.create_run(RunConfig(name=f"after the backup {n}", noise_multiplier=1.0))
-    writer = EventWriter(run_id, stream=None, sink=store.record_event)
-    for step in range(1, 41):
-        writer.emit("metric", name="train_loss", step=step, value=1.0 / step)
-os._exit(0)  # killed: the connection never closes, its -wal stays
-"""
-
-
-def _write_and_die(path, runs: int) -> None:
-    subprocess.run([sys.executable, "-c", KILLED_WRITER, str(path), str(runs)], check=True,
-                   cwd=Path(__file__).resolve().parents[2])
-    assert Path(f"{path}-wal").stat().st_size > 0
-
-
 def test_a_killed_writers_log_is_replayed_on_the_next_open(tmp_path):
     """Its runs are in the log only (a crash between checkpoints): the next open must replay it, and
     only a log that no connection holds is checked first (store_files.wal_left_behind)."""
@@ -665,7 +645,7 @@ def test_a_killed_writers_log_is_replayed_on_the_next_open(tmp_path):
     first = Store(path)
     first.create_run(RunConfig(name="first", noise_multiplier=1.0))
     first.db.conn.close()
-    _write_and_die(path, 2)
+    write_and_die(path, 2)
     assert wal_left_behind(path)
     reopened = Store(path)
     assert [r["name"] for r in reopened.list_runs()][-1] == "after the backup 1"
@@ -676,17 +656,7 @@ def test_a_killed_writers_log_is_replayed_on_the_next_open(tmp_path):
 def test_a_backup_copied_back_beside_the_log_of_the_file_it_replaced_is_refused_unchanged(tmp_path):
     """A killed run's -wal, then the older backup copied over the store: `dpw list` replayed that log into
     the backup, damaging it, and every read went on as if nothing was wrong."""
-    import shutil
-
-    path = tmp_path / "runs.sqlite"
-    store = Store(path)
-    for n in range(3):
-        store.create_run(RunConfig(name=f"before {n}", noise_multiplier=1.0))
-    store.db.conn.close()
-    backup = tmp_path / "backup.sqlite"
-    shutil.copy(path, backup)
-    _write_and_die(path, 20)
-    shutil.copy(backup, path)
+    path = backup_restored_beside_a_stale_log(tmp_path / "runs.sqlite")
     before = _sha(path)
     for readonly in (False, True):
         with pytest.raises(DPWError, match="reads as damaged through the runs.sqlite-wal left beside it") as refused:
