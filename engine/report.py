@@ -536,7 +536,11 @@ def _png(fig) -> str:
 
 
 # ---- HTML ------------------------------------------------------------------------------------
-def _fmt(value: Any) -> str:
+_BOUND_KEYS = {"epsilon", "epsilon_data_independent", "epsilon_data_independent_if_all_answered"}
+"""Keys whose value is an upper bound a reviewer may quote: shown rounded up (engine.rounding)."""
+
+
+def _fmt(value: Any, key: Any = None) -> str:
     """A value as HTML: a nested mapping as a table of labelled rows (never raw JSON), a list of plain
     values as a comma-separated line, a list of mappings as one small table each."""
     if value is None:
@@ -544,7 +548,7 @@ def _fmt(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
-        return f"{value:.6g}"
+        return rounding.up(value, ".6g") if key in _BOUND_KEYS else f"{value:.6g}"
     if isinstance(value, dict):
         return _table(value, nested=True) if value else "—"
     if isinstance(value, (list, tuple)):
@@ -574,7 +578,7 @@ def _label(key: Any) -> str:
 
 
 def _table(rows: dict[str, Any], *, nested: bool = False) -> str:
-    body = "".join(f"<tr><th>{_label(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in rows.items())
+    body = "".join(f"<tr><th>{_label(k)}</th><td>{_fmt(v, k)}</td></tr>" for k, v in rows.items())
     return f"<table class='nested'>{body}</table>" if nested else f"<table>{body}</table>"
 
 

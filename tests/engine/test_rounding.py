@@ -66,3 +66,12 @@ def test_every_epsilon_a_view_states_is_rounded_up(tmp_path):
     from engine.cli import bound_cell
 
     assert [bound_cell(e) for e in (2.3114, math.inf, None)] == ["2.312", "∞", None]  # dpw list, ledger tables
+
+
+def test_the_reports_tables_round_a_bound_up_and_other_numbers_to_nearest():
+    from engine.report import _table
+
+    html = _table({"epsilon_data_independent": 24.349631, "epsilon_released": 11.600349, "accuracy": 0.9519996})
+    assert "<td>24.3497</td>" in html  # to nearest: 24.3496, below the bound
+    assert "<td>11.6003</td>" in html and "<td>0.952</td>" in html  # an estimate, a figure: to nearest
+    assert "<td>2.31141</td>" in _table({"epsilon": 2.311401}) and "<td>2.3114</td>" in _table({"x": 2.311401})
