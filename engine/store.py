@@ -30,7 +30,7 @@ import sqlite_utils
 from engine.errors import DPWError, StoreError, explain, recover_hint
 from engine.events import loads, to_json_safe
 from engine.publication import no_guarantee_reason, run_epsilon
-from engine.store_files import abandon, empty_old_wal, replaced, store_files, wal_left_behind
+from engine.store_files import abandon, empty_old_wal, hold, release, replaced, store_files, wal_left_behind
 
 SCHEMA_VERSION = 7
 STATUSES = ("queued", "running", "finished", "stopped", "failed")
@@ -329,6 +329,7 @@ class Store:
             conn.close()
             raise
         self._files = store_files(self.path)  # what this connection holds (reopen_if_replaced)
+        hold(self.path, self)  # another Store of this process on the file never looks at its -shm
 
     # ---- schema -----------------------------------------------------------------------------
     @property
@@ -369,6 +370,7 @@ class Store:
 
     def close(self) -> None:
         self.db.close()
+        release(self.path, self)
 
     def reopen_if_replaced(self) -> bool:
         """Open the path again if its file was replaced, or its -wal deleted, under this connection

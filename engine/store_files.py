@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import weakref
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -71,6 +72,21 @@ def abandon(connection: Any) -> None:
 
 
 _SHM_DMS_BYTE = 128  # SQLite's unix VFS: every connection to a WAL store holds a read lock on this byte of DB-shm
+_HOLDERS: dict[str, weakref.WeakSet] = {}  # store file (real path) -> this process's open stores on it
+
+
+def hold(path: Path, holder: Any) -> None:
+    """Record that `holder` (a Store) has `path` open in this process, until `release` or its end."""
+    _HOLDERS.setdefault(os.path.realpath(path), weakref.WeakSet()).add(holder)
+
+
+def release(path: Path, holder: Any) -> None:
+    _HOLDERS.get(os.path.realpath(path), weakref.WeakSet()).discard(holder)
+
+
+def held_here(path: Path) -> bool:
+    """Whether a store of this process has `path` open (its -wal is then that connection's, and current)."""
+    return bool(_HOLDERS.get(os.path.realpath(path)))
 
 
 def wal_left_behind(path: Path) -> bool:
@@ -84,6 +100,10 @@ def wal_left_behind(path: Path) -> bool:
         if not wal.is_file() or wal.stat().st_size == 0:
             return False  # a folder or a broken link there is named when the store opens
     except OSError:
+        return False
+    if held_here(path):
+        # Never open the -shm then: closing any descriptor of a file drops every POSIX lock this process
+        # holds on it, among them the read lock by which its connection tells others it uses the log.
         return False
     try:
         import fcntl

@@ -39,7 +39,7 @@ def backup_restored_beside_a_stale_log(path: Path) -> Path:
     store = Store(path)
     for n in range(3):
         store.create_run(RunConfig(name=f"before {n}", noise_multiplier=1.0))
-    store.db.conn.close()
+    store.close()
     backup = path.with_name(f"backup-of-{path.name}")
     shutil.copy(path, backup)
     write_and_die(path, 20)

@@ -644,7 +644,7 @@ def test_a_killed_writers_log_is_replayed_on_the_next_open(tmp_path):
     path = tmp_path / "runs.sqlite"
     first = Store(path)
     first.create_run(RunConfig(name="first", noise_multiplier=1.0))
-    first.db.conn.close()
+    first.close()
     write_and_die(path, 2)
     assert wal_left_behind(path)
     reopened = Store(path)
@@ -666,3 +666,30 @@ def test_a_backup_copied_back_beside_the_log_of_the_file_it_replaced_is_refused_
     for log in ("runs.sqlite-wal", "runs.sqlite-shm"):
         (tmp_path / log).rename(tmp_path / f"moved-{log}")
     assert [r["name"] for r in Store(path).list_runs()] == ["before 0", "before 1", "before 2"]
+
+
+DMS_LOCKED = """
+import fcntl, os, struct, sys
+fd = os.open(sys.argv[1] + "-shm", os.O_RDONLY)
+query = struct.pack("@hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 128, 1, 0)
+print(struct.unpack("@hhqqi4x", fcntl.fcntl(fd, fcntl.F_OFD_GETLK, query))[0] != fcntl.F_UNLCK)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="open-file-description locks are Linux's")
+def test_opening_a_second_store_keeps_the_first_connections_locks(tmp_path):
+    """Closing any descriptor of a file drops every POSIX lock the process holds on it: a look at the
+    -shm's locks through a descriptor of its own, closed after, would take away the read lock by which
+    the process's open connection tells other processes it uses the log (sqlite.org, "How To Corrupt
+    An SQLite Database File", 2.2)."""
+    path = tmp_path / "runs.sqlite"
+    first = Store(path)
+    first.create_run(RunConfig(name="held", noise_multiplier=1.0))
+
+    def dms_locked() -> bool:
+        out = subprocess.run([sys.executable, "-c", DMS_LOCKED, str(path)], capture_output=True, text=True)
+        return out.stdout.strip() == "True"
+
+    assert dms_locked()
+    Store(path)  # a second store on the same file in this process, as the window's helper and tests do
+    assert dms_locked() and first.list_runs()[0]["name"] == "held"
