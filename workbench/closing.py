@@ -13,6 +13,14 @@ from PySide6.QtWidgets import QMessageBox, QWidget
 STOP, KEEP, CANCEL = "stop", "keep", "cancel"
 
 
+def active_run_label(row: dict[str, Any]) -> str:
+    """A run whose runner is still at work, as the close dialog names it. One the store records as
+    finished is in its membership audit (the list says "finished" meanwhile): "Running" alone
+    contradicted the list."""
+    audit = "; trained, its membership audit still running" if row.get("status") == "finished" else ""
+    return f"{row['id']} ({row.get('name')}{audit})"
+
+
 def ask_before_closing(parent: QWidget, running: list[str], queued: list[str], studies: list[str] = ()) -> str:
     """Ask whether to stop the active runs or let the running ones finish in the background; tuning
     studies the window started stop either way (their output goes to the window). Returns STOP, KEEP

@@ -29,7 +29,7 @@ from engine.errors import ConfigError, DPWError
 from workbench.audit_view import AuditView, TheorySource
 from workbench.compare import CompareView
 from workbench.dashboard import Dashboard
-from workbench.closing import CANCEL, KEEP, ask_before_closing, runner_pid, stop_runner
+from workbench.closing import CANCEL, KEEP, active_run_label, ask_before_closing, runner_pid, stop_runner
 from workbench.dialogs import ExportDialog, ReportDialog, describe_error
 from workbench.engine_client import EngineClient
 from workbench.precheck_client import PrecheckClient, check_while_painting
@@ -325,7 +325,7 @@ class MainWindow(QMainWindow):
         running = [i for i, job in self.client.jobs.items() if job.finished_status is None]  # not yet ended
         studies = [study for study in self.studies if study.running()]
         if by_user and (running or self.client.queue or studies):
-            names = {r["id"]: f"{r['id']} ({r['name']})" for r in self.runs_model.rows}
+            names = {r["id"]: active_run_label(r) for r in self.runs_model.rows}
             choice = ask_before_closing(self, [names.get(i, str(i)) for i in running],
                                         [names.get(i, str(i)) for i in self.client.queue],
                                         [study.label() for study in studies])

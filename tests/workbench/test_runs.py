@@ -515,3 +515,13 @@ def test_a_value_that_arrives_in_place_widens_its_column(window):
     assert header.sectionSize(column("epsilon")) > before
     needed = window.runs_view.sizeHintForColumn(column("epsilon"))
     assert header.sectionSize(column("epsilon")) >= needed
+
+
+def test_the_close_dialog_names_a_finished_run_whose_audit_still_runs():
+    """The list said "finished" (the store records it before the membership audit) while the close
+    dialog said "Running: 1 (dpsgd-mnist-quick)"."""
+    from workbench.closing import active_run_label
+
+    assert active_run_label({"id": 1, "name": "mnist", "status": "running"}) == "1 (mnist)"
+    assert active_run_label({"id": 1, "name": "mnist", "status": "finished"}) == (
+        "1 (mnist; trained, its membership audit still running)")
