@@ -178,8 +178,9 @@ def composition_epsilon(configs: list[RunConfig], num_train: int, delta: float, 
     data-independent RDP curves (planned queries), converted at `delta`.
 
     Never below the epsilon a candidate states for itself (DP-SGD: its own accountant at those steps;
-    PATE: its data-independent bound at its own orders). Both are upper bounds, so the larger is one too, and a study reading below a run it releases (a
-    run accounted by RDP, looser than the PLD of the same steps) would look like an error."""
+    PATE: its data-independent bound at its own orders). Both are upper bounds, so the larger is one
+    too, and a study reading below a run it releases (a run accounted by RDP, looser than the PLD of
+    the same steps) would look like an error."""
     if all(c.mechanism == "dpsgd" for c in configs):
         plans = [_dpsgd_plan(c, num_train) for c in configs]
         taken = ([p.steps_planned for p in plans] if steps_done is None else
@@ -193,21 +194,12 @@ def composition_epsilon(configs: list[RunConfig], num_train: int, delta: float, 
         return Epsilon(value=value, delta=eps.delta, accountant=COMPOSITION_ACCOUNTANT)
     total = np.sum([candidate_rdp(c, num_train, orders) for c in configs], axis=0)
     eps = rdp_to_epsilon(orders=orders, rdp=total, delta=delta)
-    value = max([eps.value] + [_candidate_own_epsilon(c, num_train, delta) for c in configs])
-    return Epsilon(value=value, delta=eps.delta, accountant=RDP_COMPOSITION_ACCOUNTANT, order=eps.order)
+    from engine.pate.aggregation import planned_epsilon_data_independent
 
-
-def _candidate_own_epsilon(config: RunConfig, num_train: int, delta: float) -> float:
-    """The epsilon a candidate states for itself at `delta` if it runs to its plan: a PATE run's
-    data-independent bound over all its queries (at PATE's own orders, so it can read a little above
-    the study's composition of that one run), a DP-SGD run's own accountant."""
-    if config.mechanism == "pate":
-        from engine.pate.aggregation import aggregator_noise
-
-        return pate_privacy.epsilon_if_all_answered(mechanism=config.aggregator, num_queries=config.num_queries,
-                                                    delta=delta, **aggregator_noise(config.to_dict()))
-    plan = _dpsgd_plan(config, num_train)
-    return _own_epsilon(plan, plan.steps_planned, delta)
+    # A PATE run states its bound at PATE's own orders, a little above this grid's for few queries.
+    own = [planned_epsilon_data_independent(c, delta) for c in configs if c.mechanism == "pate"]
+    return Epsilon(value=max([eps.value] + own), delta=eps.delta, accountant=RDP_COMPOSITION_ACCOUNTANT,
+                   order=eps.order)
 
 
 def _own_epsilon(plan, steps: int, delta: float) -> float:

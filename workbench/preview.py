@@ -117,11 +117,9 @@ def _pate(config: RunConfig, size: DataSize) -> str:
     """The guarantee a PATE run will state: the data-independent epsilon of answering every query (the
     data-dependent one is usually far smaller, but is known only once the teachers vote and is then
     shown only as a released estimate, not a bound)."""
-    from engine.privacy.pate import epsilon_if_all_answered
+    from engine.pate.aggregation import planned_epsilon_data_independent
 
-    eps = epsilon_if_all_answered(mechanism=config.aggregator, num_queries=config.num_queries, delta=config.delta,
-                                  sigma=config.gnmax_sigma, sigma1=config.sigma1, sigma2=config.sigma2,
-                                  laplace_scale=config.laplace_scale)
+    eps = planned_epsilon_data_independent(config)
     shard = size.num_train // config.num_teachers
     value = "∞" if math.isinf(eps) else rounding.up(eps, ".3g")
     keys = ("aggregator", "num_queries", "gnmax_sigma", "sigma1", "sigma2", "laplace_scale")

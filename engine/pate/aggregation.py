@@ -96,6 +96,16 @@ def aggregator_noise(config: dict[str, Any]) -> dict[str, float]:
     return {"sigma1": config["sigma1"], "sigma2": config["sigma2"]}
 
 
+def planned_epsilon_data_independent(config: Any, delta: float | None = None) -> float:
+    """The data-independent epsilon of a PATE config (a RunConfig) if all its `num_queries` queries were
+    answered, at `delta` (default: the config's): the bound a run states at most, known before training."""
+    from engine.privacy.pate import epsilon_if_all_answered
+
+    return epsilon_if_all_answered(mechanism=config.aggregator, num_queries=config.num_queries,
+                                   delta=config.delta if delta is None else delta,
+                                   **aggregator_noise(config.to_dict()))
+
+
 def release_with_noise(randomness: PrivateRandomness, **release: Any) -> ReleasedEpsilon:
     """`pate_smooth.release_epsilon(**release)` with its one Gaussian draw from `randomness` (secret
     operating-system randomness unless the run's noise is reproducible): a PATE run's release and

@@ -522,13 +522,6 @@ def release_parameters(config: RunConfig, num_classes: int) -> dict[str, float]:
     return {k: v for k, v in fixed.items() if v is not None}
 
 
-def planned_epsilon_data_independent(config: RunConfig) -> float:
-    """The data-independent epsilon if all `num_queries` queries were answered (an upper bound
-    known before training)."""
-    return analysis.epsilon_if_all_answered(mechanism=config.aggregator, num_queries=config.num_queries,
-                                            delta=config.delta, **aggregation.aggregator_noise(config.to_dict()))
-
-
 def prepare_pate(config: RunConfig, data: Dataset, *, emit: Emit = _noop) -> PreparedPATERun:
     """Split the test set into pool and held-out part, pick the models; emits a `plan` event."""
     config.check_against_dataset(data.num_train, data.num_test)
@@ -578,7 +571,7 @@ def prepare_pate(config: RunConfig, data: Dataset, *, emit: Emit = _noop) -> Pre
         accountant=analysis.ACCOUNTANT_DATA_INDEPENDENT,
         epsilon_budget=config.epsilon_budget,
         release_parameters=release_parameters(config, data.num_classes) or None,
-        epsilon_data_independent_if_all_answered=planned_epsilon_data_independent(config),
+        epsilon_data_independent_if_all_answered=aggregation.planned_epsilon_data_independent(config),
         randomness=randomness_summary(config),
     )
     if shard < 50:

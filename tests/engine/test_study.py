@@ -395,7 +395,7 @@ def test_a_pate_study_searches_the_aggregator_and_the_number_of_teachers(tmp_pat
 def test_a_pate_study_never_reads_below_the_bound_its_one_run_states(noise):
     """The run states its bound at PATE's orders, the study composes at the RDP accountant's: for few
     queries the two grids differ by 0.3% (lnmax, 10 queries: 1.0005 against 1.0036)."""
-    from engine.pate.run import planned_epsilon_data_independent
+    from engine.pate.aggregation import planned_epsilon_data_independent
 
     config = RunConfig.from_dict({**PATE_BASE, **noise})
     own = planned_epsilon_data_independent(config)
