@@ -155,31 +155,32 @@ def test_an_attack_above_the_theoretical_curve_raises_the_red_banner(qtbot):
     assert view.banner.isVisibleTo(view) and "Do not publish" in view.banner.text()
 
 
-def test_an_attack_under_the_curve_raises_no_banner():
+def chance_attack(theory: dict, examples: int, seed: int) -> dict:
+    """The audit of an attack no better than chance (members and non-members score alike), checked
+    against `theory`'s curve, as a run's kept audit holds it."""
     from engine.audit import membership_audit
 
+    rng = np.random.default_rng(seed)
+    audit = membership_audit(member_scores=rng.normal(0, 1, examples), nonmember_scores=rng.normal(0, 1, examples),
+                             rng=rng, bootstrap=50, theory_fpr=np.asarray(theory["tradeoff"]["fpr"]),
+                             theory_tpr=np.asarray(theory["tradeoff"]["tpr"]))
+    return {"mia": audit.to_json()}
+
+
+def test_an_attack_under_the_curve_raises_no_banner():
     theory, _ = above_the_curve()
-    rng = np.random.default_rng(2)
-    same = membership_audit(member_scores=rng.normal(0, 1, 2000), nonmember_scores=rng.normal(0, 1, 2000), rng=rng,
-                            bootstrap=50, theory_fpr=np.asarray(theory["tradeoff"]["fpr"]),
-                            theory_tpr=np.asarray(theory["tradeoff"]["tpr"]))
-    assert audit_figure(theory=theory, audit={"mia": same.to_json()}, canaries=None).banner is None
+    assert audit_figure(theory=theory, audit=chance_attack(theory, 2000, seed=2), canaries=None).banner is None
 
 
 def test_few_non_members_show_tpr_at_small_fpr_as_not_measurable_and_the_check_states_its_resolution():
-    from engine.audit import membership_audit
-
     theory, _ = above_the_curve()
-    rng = np.random.default_rng(3)
-    few = membership_audit(member_scores=rng.normal(0, 1, 359), nonmember_scores=rng.normal(0, 1, 359), rng=rng,
-                           bootstrap=50, theory_fpr=np.asarray(theory["tradeoff"]["fpr"]),
-                           theory_tpr=np.asarray(theory["tradeoff"]["tpr"]))
-    figure = audit_figure(theory=theory, audit={"mia": few.to_json()}, canaries=None)
+    few = chance_attack(theory, 359, seed=3)
+    figure = audit_figure(theory=theory, audit=few, canaries=None)
     rows = {row[0]: row for row in figure.table}
     assert rows["TPR at FPR 0.1%"][2:] == ("not measurable", "—")
     assert rows["TPR at FPR 1%"][2].endswith("%") and rows["TPR at FPR 1%"][3].startswith("[")
     assert "TPR at FPR 0.1%: not measurable with 359 non-members (FPR 0.1% needs at least 1,000)." in figure.roc_note
-    resolution = 100 * few.theory.resolution["tpr"]
+    resolution = 100 * few["mia"]["theory"]["resolution"]["tpr"]
     assert (f"Check: not significantly above the guarantee's curve (95% band: with 359 members and 359 non-members, "
             f"only a TPR above {resolution:.3g}% at FPR 1% would have been flagged); one attack gives a lower bound "
             "on the risk: its failing cannot confirm the guarantee.") in figure.roc_note
