@@ -11,7 +11,8 @@ sqlite3 would otherwise run DDL outside any transaction. The schema carries a ve
 
 A file that is not ours is never changed: not an SQLite file, another application's database,
 a damaged store (checked with `PRAGMA quick_check` before a connection's first write, and before
-any open that would replay a -wal no connection holds) each give one `StoreError`. A read-only store (or one in a read-only folder) opens for reading.
+any open that would replay a -wal no connection holds) each give one `StoreError`. A read-only
+store (or one in a read-only folder) opens for reading.
 """
 
 from __future__ import annotations
@@ -261,8 +262,8 @@ def _check_left_behind_wal(path: Path) -> None:
     """Before a store whose -wal no connection holds (store_files.wal_left_behind) is opened: read it
     through that log on a read-only connection, which changes neither file, and refuse it if it reads
     as damaged. Any other open would replay the log into the store and write the damage into it when
-    it closes: the log of the file a restored backup replaced
-    is taken for the backup's own (SQLite cannot tell them apart)."""
+    it closes: the log of the file a restored backup replaced is taken for the backup's own (SQLite
+    cannot tell them apart)."""
     conn = _connect_read_only(path)
     try:
         problems = [r[0] for r in conn.execute("PRAGMA quick_check(1)")]

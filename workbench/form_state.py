@@ -112,11 +112,9 @@ class FormState:
     """Texts of every field, the mechanism's visible subset, and what is wrong with them."""
 
     def __init__(self, values: dict[str, Any] | None = None):
-        self.texts = {name: to_text(name, value) for name, value in defaults().items()}
+        self.load_values(values or {})
         # dataset -> (input shape, models that fit it), from the engine's registry via the probe
         self.model_fits: dict[str, tuple[tuple[int, ...], list[str]]] = {}
-        if values:
-            self.set_values(values)
 
     # ---- input ---------------------------------------------------------------------------------
     def set_text(self, name: str, text: str) -> None:
