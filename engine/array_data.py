@@ -32,6 +32,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from engine.data_split import SplitRequest
 from engine.errors import DataError
 
 IMAGE_MEAN = 0.5  # as engine.datasets: fixed constants, independent of the data
@@ -456,12 +457,12 @@ def encode_labels(y: np.ndarray, *, what: str) -> tuple[np.ndarray, tuple[str, .
 
 def load_mapped_arrays(x: np.memmap, y: np.ndarray, x_test: np.memmap | None, y_test: np.ndarray | None, *,
                        name: str, where: str, hashed: Sequence[Path], hash_root: Path | None, origin: str,
-                       test_fraction: float, seed: int):
+                       split: SplitRequest):
     """Images `x` (and `x_test`) memory-mapped, labels `y` (`y_test`) read: a Dataset reading rows on
-    demand. Without x_test, a stratified split of the rows (engine.datasets.stratified_split). The
+    demand. Without x_test, `split` draws the test rows (engine.data_split). The
     fingerprint is hash_files over `hashed` (names relative to `hash_root`); float pixels are
     range-checked from the bytes it reads."""
-    from engine.datasets import _labels_1d, _need_two_classes, _split_or_fail, _split_text
+    from engine.datasets import _labels_1d, _need_two_classes
 
     path = Path(where)
     source = NpyRows(x, name=f"{where}: x")
@@ -480,10 +481,10 @@ def load_mapped_arrays(x: np.memmap, y: np.ndarray, x_test: np.memmap | None, y_
     if x_test is None:
         y_enc, class_names = encode_labels(y, what=f"{where}, y")
         _need_two_classes(class_names, what=f"{where}, y")
-        train, test = _split_or_fail(y_enc, test_fraction=test_fraction, seed=seed, what=where)
+        train, test = split.draw(MappedRows(source), y_enc, what=where)
         return image_dataset(name=name, source=source, y=y_enc[train], train_rows=train,
                              test=MappedRows(source, test), y_test=y_enc[test], class_names=class_names,
-                             fingerprint=fingerprint, origin=origin, split=_split_text(test_fraction, seed))
+                             fingerprint=fingerprint, origin=origin, split=split.text)
     y_test = _labels_1d(np.asarray(y_test), path=path, key="y_test")
     if test_source.shape[1:] != source.shape[1:]:
         raise DataError(f"{where}: x_test examples have shape {test_source.shape[1:]} but x examples have "
@@ -501,7 +502,7 @@ def load_mapped_arrays(x: np.memmap, y: np.ndarray, x_test: np.memmap | None, y_
                          split=f"train/test arrays from the files ({len(y)}/{len(y_test)})")
 
 
-def load_array_folder(folder: Path, *, test_fraction: float, seed: int):
+def load_array_folder(folder: Path, *, split: SplitRequest):
     """A folder holding x.npy and y.npy (optionally x_test.npy and y_test.npy): the images are
     memory-mapped, never read whole."""
     files = {key: folder / f"{key}.npy" for key in ("x", "y", "x_test", "y_test")}
@@ -516,7 +517,7 @@ def load_array_folder(folder: Path, *, test_fraction: float, seed: int):
     return load_mapped_arrays(arrays["x"], np.asarray(arrays["y"]), arrays.get("x_test"),
                               None if "y_test" not in arrays else np.asarray(arrays["y_test"]),
                               name=folder.name, where=str(folder), hashed=used, hash_root=folder,
-                              origin=str(folder.absolute()), test_fraction=test_fraction, seed=seed)
+                              origin=str(folder.absolute()), split=split)
 
 
 def npz_can_be_mapped(path: Path, *, above_bytes: int) -> bool:
@@ -535,7 +536,7 @@ def npz_can_be_mapped(path: Path, *, above_bytes: int) -> bool:
         return False
 
 
-def load_mapped_npz(path: Path, *, test_fraction: float, seed: int):
+def load_mapped_npz(path: Path, *, split: SplitRequest):
     """An .npz archive whose x (and x_test) are stored uncompressed: images memory-mapped in place."""
     with zipfile.ZipFile(path) as archive:
         names = set(archive.namelist())
@@ -547,4 +548,4 @@ def load_mapped_npz(path: Path, *, test_fraction: float, seed: int):
     x_test = open_npz_member(path, "x_test") if has_test else None
     return load_mapped_arrays(x, y, x_test, y_test, name=path.name, where=str(path),
                               hashed=[path], hash_root=None, origin=str(path.absolute()),
-                              test_fraction=test_fraction, seed=seed)
+                              split=split)

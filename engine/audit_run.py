@@ -139,8 +139,9 @@ def audit_model_line(run: dict[str, Any]) -> str | None:
 
 def _split(store, run: dict[str, Any], data_dir: str | None):
     """(x_members, y_members, x_nonmembers, y_nonmembers, descriptions) of the run's data, loaded as
-    engine.runs.prepare loads it (dataset, split seed, train_subset), checked against the fingerprint."""
+    engine.runs.prepare loads it (dataset, split seed and rule, train_subset), checked against the fingerprint."""
     from engine.config import RunConfig
+    from engine.data_split import split_rule_of
     from engine.datasets import load_dataset
     from engine.runs import train_subset
 
@@ -149,15 +150,17 @@ def _split(store, run: dict[str, Any], data_dir: str | None):
         raise DPWError(f"run {run['id']} scaled its table with DP statistics drawn from secret noise, which are "
                        "not stored: its inputs cannot be rebuilt for an audit",
                        hint="audit runs with normalization = 'bounds' or 'exact'")
+    plan = store.plan_event(run["id"])
+    rule = split_rule_of(plan)
     data = load_dataset(
         config.dataset, data_dir=data_dir or config.data_dir, label_column=config.label_column,
         test_fraction=config.test_fraction, seed=config.seed, allow_download=False,
         normalization=config.normalization, feature_bounds=config.feature_bounds,
-        checked_before=store.checked_fingerprints(config.dataset),
+        checked_before=store.checked_fingerprints(config.dataset), split_rule=rule,
     )
     if config.train_subset is not None and config.train_subset < data.num_train:
-        data = train_subset(data, config.train_subset, seed=config.seed)
-    recorded = next((e for e in store.events(run["id"]) if e["type"] == "plan"), {}).get("dataset_fingerprint")
+        data = train_subset(data, config.train_subset, seed=config.seed, split_rule=rule)
+    recorded = plan.get("dataset_fingerprint")
     if recorded and recorded != data.fingerprint:
         raise DPWError(f"the dataset {config.dataset!r} found now is not the one run {run['id']} trained on "
                        "(its fingerprint differs)", hint="point --data-dir at the files the run used")
@@ -177,7 +180,7 @@ def _held_out_rows(store, run: dict[str, Any], num_test: int, seed: int):
 
     from engine.pate.shards import AS_STORED, public_rows
 
-    plan = next((e for e in store.events(run["id"]) if e["type"] == "plan"), {})
+    plan = store.plan_event(run["id"])
     if plan.get("public_pool_size") is None:
         raise DPWError(f"run {run['id']} recorded no public pool size: its held-out examples are unknown")
     rows = public_rows(num_test, order=plan.get("public_order", AS_STORED), seed=seed)

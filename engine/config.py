@@ -107,7 +107,8 @@ class RunConfig:
     test_fraction: float = _spec(
         0.2,
         label="Test fraction",
-        help="Share of examples held out for testing when the dataset has no test split.",
+        help="Share of examples held out for testing when the dataset has no test split (on average: "
+        "each example's side is decided by a keyed hash of the example and the seed).",
         kind=float,
         minimum=0.0,
         maximum=0.9,
@@ -117,8 +118,9 @@ class RunConfig:
     train_subset: int | None = _spec(
         None,
         label="Training subset",
-        help="Train on a seeded random subset of this many training examples (quick trials); "
-        "the privacy guarantee is then stated for that subset. Unset: all of them.",
+        help="Train on this many of the training examples, chosen by a keyed hash of each example and the "
+        "seed (quick trials); one example more or less in the data can swap one of the subset for another, "
+        "so for the data as given the guarantee is that of two rows. Unset: all of them.",
         kind=int,
         minimum=10,
         maximum=100_000_000,

@@ -27,8 +27,10 @@ or (`normalization="exact"`) by the train split's own statistics, which the priv
 not covered by the guarantee; `normalization["source"]` says which. `Dataset.normalize(x_raw)`
 applies exactly this.
 
-Datasets without a standard test split (built-ins, CSV, NPZ without `x_test`) are split with a
-stratified, seeded split (`stratified_split`): the same seed gives the same split on any machine.
+Datasets without a standard test split (built-ins, CSV, NPZ without `x_test`, folders) are split
+per example (engine.data_split): each example's side is a keyed hash of the example, so one example
+more or less changes the training split by that example only, and the same seed gives the same
+split on any machine.
 """
 
 from __future__ import annotations
@@ -44,13 +46,15 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Collection, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
 # torch is imported inside the functions that make tensors: listing the registry needs no torch.
 from engine.csv_table import FLOAT32_MAX, read_csv_table
-from engine.errors import ConfigError, DataError
+from engine.data_split import SPLIT_BY_EXAMPLE, SplitRequest
+from engine.example_hash import identity_digests
+from engine.errors import DataError
 from engine.feature_scaling import FeatureBounds, parse_feature_bounds, table_scaling
 
 IMAGE = "image"
@@ -89,7 +93,9 @@ class Dataset:
     fingerprint: str
     class_names: tuple[str, ...]
     source: str
-    split: str = ""  # how train/test came about, e.g. "stratified split: test_fraction=0.2, seed=0"
+    split: str = ""  # how train/test came about, e.g. "per-example split: test_fraction=0.2, seed=0"
+    train_ids: np.ndarray | None = field(default=None, repr=False)  # engine.example_hash.identity_digests
+    # of the training examples as loaded (before scaling), in order; None: from x_train when asked
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "input_shape", tuple(int(d) for d in self.input_shape))
@@ -107,6 +113,26 @@ class Dataset:
                     f"dataset {self.name!r}: y_{split_name} has shape {tuple(y.shape)}, "
                     f"expected ({len(x)},) to match x_{split_name}"
                 )
+        if self.train_ids is not None and len(self.train_ids) != len(self.x_train):
+            raise ValueError(f"dataset {self.name!r}: {len(self.train_ids)} training identities for "
+                             f"{len(self.x_train)} training examples")
+
+    def train_identities(self) -> np.ndarray:
+        """Each training example's identity digest (engine.example_hash.identity_digests), from the
+        example as loaded, before any scaling: one example's identity depends on no other example,
+        and the same data gives the same identities in memory and read on demand."""
+        from engine.example_hash import identity_digests
+
+        return self.train_ids if self.train_ids is not None else identity_digests(self.x_train)
+
+    def take_train(self, rows: Any) -> "Dataset":
+        """This dataset with only the training examples `rows` (engine.array_data.take_rows), their
+        identities kept with them."""
+        from engine.array_data import take_rows
+
+        ids = None if self.train_ids is None else self.train_ids[rows if isinstance(rows, slice) else np.asarray(rows)]
+        return dataclasses.replace(self, x_train=take_rows(self.x_train, rows), y_train=self.y_train[rows],
+                                   train_ids=ids)
 
     @property
     def num_train(self) -> int:
@@ -246,6 +272,7 @@ def load_dataset(
     rng: np.random.Generator | None = None,
     progress: Callable[[int, int], None] | None = None,
     checked_before: Collection[str] = (),
+    split_rule: str = SPLIT_BY_EXAMPLE,
 ) -> Dataset:
     """Load a registered dataset by name, or a user's `.csv` / `.npz` file by path.
 
@@ -256,8 +283,9 @@ def load_dataset(
     (engine.feature_scaling); images always use fixed constants. `progress(rows_done, rows_total)`
     is called while a large CSV file loads. `checked_before`: fingerprints of data that passed the
     load's check before (an image folder with one of them is not checked again: the same bytes).
+    `split_rule`: engine.data_split's rule (a stored run is rebuilt with the rule it recorded).
     """
-    _check_split_args(test_fraction, seed)
+    split = SplitRequest(test_fraction, seed, split_rule)
     scaling = _ScalingRequest(normalization, parse_feature_bounds(feature_bounds), statistics_noise_multiplier, rng)
     info = _lookup(str(name_or_path)) if isinstance(name_or_path, str) else None
     if info is not None:
@@ -266,8 +294,7 @@ def load_dataset(
             info,
             data_dir=resolve_data_dir(data_dir) if info.needs_files else None,
             label_column=label_column,
-            test_fraction=test_fraction,
-            seed=seed,
+            split=split,
             allow_download=allow_download,
             scaling=scaling,
         )
@@ -275,7 +302,7 @@ def load_dataset(
     path = Path(name_or_path).expanduser()
     suffix = path.suffix.lower()
     if path.is_dir() and suffix not in (".csv", ".npz"):
-        return _load_folder(path, test_fraction=test_fraction, seed=seed, checked_before=checked_before)
+        return _load_folder(path, split=split, checked_before=checked_before)
     if suffix == ".npy":
         raise DataError(f"{path}: a .npy file holds one array; put the inputs in x.npy and the labels in y.npy "
                         f"(optionally x_test.npy, y_test.npy) in one folder and give the folder")
@@ -285,9 +312,9 @@ def load_dataset(
         if not path.is_file():
             raise DataError(f"{path}: is a folder, not a {suffix} file; give the path of the file itself")
         if suffix == ".csv":
-            return _load_csv(path, label_column=label_column, test_fraction=test_fraction, seed=seed,
+            return _load_csv(path, label_column=label_column, split=split,
                              scaling=scaling, progress=progress)
-        return _load_npz(path, test_fraction=test_fraction, seed=seed, scaling=scaling)
+        return _load_npz(path, split=split, scaling=scaling)
     if suffix or os.sep in str(name_or_path) or "/" in str(name_or_path):
         raise DataError(
             f"{name_or_path}: unsupported data file type {suffix or '(no extension)'!r}; "
@@ -320,63 +347,9 @@ def _lookup(name: str) -> DatasetInfo | None:
     return None
 
 
-def _check_split_args(test_fraction: float, seed: int) -> None:
-    if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) or not (
-        0.0 < float(test_fraction) < 1.0
-    ):
-        raise ConfigError(
-            "test_fraction",
-            f"{test_fraction!r} is not allowed; use a number strictly between 0 and 1 (e.g. 0.2)",
-        )
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ConfigError("seed", f"{seed!r} is not allowed; use a whole number >= 0")
-
-
 # --------------------------------------------------------------------------------------------
 # Shared building blocks
 # --------------------------------------------------------------------------------------------
-
-
-def stratified_split(y: np.ndarray, *, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded stratified split: (train_indices, test_indices), each sorted ascending.
-
-    Each class gives floor(n_c * test_fraction) examples to test; the remaining examples needed to
-    reach N * test_fraction (rounded half up) go to the classes with the largest fractional remainders (ties by
-    class order). A class keeps at least one train example. Within a class, which examples go to
-    test is drawn with numpy's PCG64 generator seeded by `seed`.
-    """
-    y = np.asarray(y)
-    n = len(y)
-    classes, y_idx = np.unique(y, return_inverse=True)
-    counts = np.bincount(y_idx, minlength=len(classes))
-    quota = counts * float(test_fraction)
-    n_test = np.minimum(np.floor(quota).astype(np.int64), counts - 1)
-    wanted = int(math.floor(n * float(test_fraction) + 0.5))
-    order = sorted(range(len(classes)), key=lambda c: (-(quota[c] - math.floor(quota[c])), c))
-    for c in order:
-        if int(n_test.sum()) >= wanted:
-            break
-        if n_test[c] < counts[c] - 1:
-            n_test[c] += 1
-    rng = np.random.default_rng(seed)
-    train_parts, test_parts = [], []
-    for c in range(len(classes)):
-        members = rng.permutation(np.flatnonzero(y_idx == c))
-        test_parts.append(members[: n_test[c]])
-        train_parts.append(members[n_test[c]:])
-    train = np.sort(np.concatenate(train_parts)) if train_parts else np.zeros(0, np.int64)
-    test = np.sort(np.concatenate(test_parts)) if test_parts else np.zeros(0, np.int64)
-    return train, test
-
-
-def _split_or_fail(y: np.ndarray, *, test_fraction: float, seed: int, what: str) -> tuple[np.ndarray, np.ndarray]:
-    train, test = stratified_split(y, test_fraction=test_fraction, seed=seed)
-    if len(train) == 0 or len(test) == 0:
-        raise DataError(
-            f"{what}: {len(y)} examples are too few to split with test_fraction={test_fraction} "
-            f"({len(train)} train, {len(test)} test); add examples or change test_fraction"
-        )
-    return train, test
 
 
 def _encode_labels(values: np.ndarray, *, what: str) -> tuple[np.ndarray, tuple[str, ...]]:
@@ -471,6 +444,7 @@ def _image_dataset(
         kind=IMAGE,
         x_train=_image_tensor(x_train, mean, std),
         y_train=torch.from_numpy(np.ascontiguousarray(y_train, dtype=np.int64)),
+        train_ids=identity_digests(x_train),
         x_test=_image_tensor(x_test, mean, std),
         y_test=torch.from_numpy(np.ascontiguousarray(y_test, dtype=np.int64)),
         input_shape=tuple(x_train.shape[1:]),
@@ -523,6 +497,7 @@ def _table_dataset(
         kind=TABLE,
         x_train=torch.from_numpy(transform.apply(x_train, train_rows)),
         y_train=torch.from_numpy(np.ascontiguousarray(y_train, dtype=np.int64)),
+        train_ids=identity_digests(x_train if train_rows is None else x_train[train_rows]),
         x_test=torch.from_numpy(transform.apply(x_test, test_rows)),
         y_test=torch.from_numpy(np.ascontiguousarray(y_test, dtype=np.int64)),
         input_shape=(x_train.shape[1],),
@@ -552,10 +527,6 @@ def _hash_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _split_text(test_fraction: float, seed: int) -> str:
-    return f"stratified split: test_fraction={test_fraction}, seed={seed}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -863,14 +834,14 @@ def _load_svhn(info: DatasetInfo, *, data_dir: Path, allow_download: bool, **_: 
 # --------------------------------------------------------------------------------------------
 
 
-def _load_digits(info: DatasetInfo, *, test_fraction: float, seed: int, **_: object) -> Dataset:
+def _load_digits(info: DatasetInfo, *, split: SplitRequest, **_: object) -> Dataset:
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
     raw = np.asarray(bunch.images, dtype=np.float64)  # (1797, 8, 8), values 0..16
     y = np.asarray(bunch.target, dtype=np.int64)
     x = (raw / 16.0)[:, None].astype(np.float32)
-    train, test = _split_or_fail(y, test_fraction=test_fraction, seed=seed, what=info.name)
+    train, test = split.draw(raw, y, what=info.name)
     return _image_dataset(
         name=info.name,
         x_train=x[train],
@@ -880,11 +851,11 @@ def _load_digits(info: DatasetInfo, *, test_fraction: float, seed: int, **_: obj
         class_names=DIGIT_NAMES,
         fingerprint=_hash_arrays("sklearn:digits", raw, y),
         source="scikit-learn bundled (sklearn.datasets.load_digits)",
-        split=_split_text(test_fraction, seed),
+        split=split.text,
     )
 
 
-def _load_breast_cancer(info: DatasetInfo, *, test_fraction: float, seed: int, scaling: _ScalingRequest,
+def _load_breast_cancer(info: DatasetInfo, *, split: SplitRequest, scaling: _ScalingRequest,
                         **_: object) -> Dataset:
     from sklearn.datasets import load_breast_cancer
 
@@ -894,7 +865,7 @@ def _load_breast_cancer(info: DatasetInfo, *, test_fraction: float, seed: int, s
     names = tuple(str(n) for n in bunch.feature_names)
     if not scaling.bounds.named and scaling.bounds.default is None:
         scaling = dataclasses.replace(scaling, bounds=_published_ranges(bunch.DESCR, names))
-    train, test = _split_or_fail(y, test_fraction=test_fraction, seed=seed, what=info.name)
+    train, test = split.draw(x, y, what=info.name)
     return _table_dataset(
         name=info.name,
         x_train=x[train],
@@ -904,7 +875,7 @@ def _load_breast_cancer(info: DatasetInfo, *, test_fraction: float, seed: int, s
         class_names=tuple(str(n) for n in bunch.target_names),
         fingerprint=_hash_arrays("sklearn:breast_cancer", x, y),
         source="scikit-learn bundled (sklearn.datasets.load_breast_cancer)",
-        split=_split_text(test_fraction, seed),
+        split=split.text,
         scaling=scaling,
         feature_names=names,
     )
@@ -932,12 +903,12 @@ def _published_ranges(description: str, names: tuple[str, ...]) -> FeatureBounds
 # --------------------------------------------------------------------------------------------
 
 
-def _load_csv(path: Path, *, label_column: str, test_fraction: float, seed: int, scaling: _ScalingRequest,
+def _load_csv(path: Path, *, label_column: str, split: SplitRequest, scaling: _ScalingRequest,
               progress: Callable[[int, int], None] | None = None) -> Dataset:
     table = read_csv_table(path, label_column=label_column, progress=progress)
     y, class_names = _encode_labels(table.labels, what=f"{path}, column {label_column!r}")
     _need_two_classes(class_names, what=f"{path}, column {label_column!r}")
-    train, test = _split_or_fail(y, test_fraction=test_fraction, seed=seed, what=str(path))
+    train, test = split.draw(table.features, y, what=str(path))
     return _table_dataset(
         name=path.name,
         x_train=table.features,
@@ -947,7 +918,7 @@ def _load_csv(path: Path, *, label_column: str, test_fraction: float, seed: int,
         class_names=class_names,
         fingerprint=table.sha256,
         source=str(path.absolute()),
-        split=_split_text(test_fraction, seed),
+        split=split.text,
         scaling=scaling,
         feature_names=table.feature_names,
         train_rows=train,
@@ -958,24 +929,24 @@ def _load_csv(path: Path, *, label_column: str, test_fraction: float, seed: int,
 _NPZ_LAYOUT = "arrays x (examples) and y (labels), optionally x_test and y_test"
 
 
-def _load_folder(path: Path, *, test_fraction: float, seed: int, checked_before: Collection[str] = ()) -> Dataset:
+def _load_folder(path: Path, *, split: SplitRequest, checked_before: Collection[str] = ()) -> Dataset:
     """A folder of arrays (x.npy, y.npy: memory-mapped) or of images (one sub-folder per class)."""
     from engine.array_data import load_array_folder
     from engine.image_folder import is_image_folder, load_image_folder
 
     if (path / "x.npy").is_file():
-        return load_array_folder(path, test_fraction=test_fraction, seed=seed)
+        return load_array_folder(path, split=split)
     if is_image_folder(path):
-        return load_image_folder(path, test_fraction=test_fraction, seed=seed, checked_before=checked_before)
+        return load_image_folder(path, split=split, checked_before=checked_before)
     raise DataError(f"{path}: is a folder with neither x.npy nor class sub-folders of images; give a folder "
                     f"holding x.npy and y.npy, or one sub-folder of images per class")
 
 
-def _load_npz(path: Path, *, test_fraction: float, seed: int, scaling: _ScalingRequest) -> Dataset:
+def _load_npz(path: Path, *, split: SplitRequest, scaling: _ScalingRequest) -> Dataset:
     from engine import array_data
 
     if array_data.npz_can_be_mapped(path, above_bytes=array_data.MAP_NPZ_ABOVE_BYTES):
-        return array_data.load_mapped_npz(path, test_fraction=test_fraction, seed=seed)
+        return array_data.load_mapped_npz(path, split=split)
     try:
         archive = np.load(path, allow_pickle=False)
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
@@ -1043,11 +1014,11 @@ def _load_npz(path: Path, *, test_fraction: float, seed: int, scaling: _ScalingR
     if has_test:
         x_te = _as_image(x_test, path=path, key="x_test") if is_image else _as_table(x_test, path=path, key="x_test")
         x_tr, y_tr, y_te = x, y_enc, y_test_enc
-        split = f"train/test arrays from the file ({len(y_tr)}/{len(y_te)})"
+        split_text = f"train/test arrays from the file ({len(y_tr)}/{len(y_te)})"
     else:
-        train, test = _split_or_fail(y_enc, test_fraction=test_fraction, seed=seed, what=str(path))
+        train, test = split.draw(x, y_enc, what=str(path))
         x_tr, y_tr, x_te, y_te = x[train], y_enc[train], x[test], y_enc[test]
-        split = _split_text(test_fraction, seed)
+        split_text = split.text
     build = _image_dataset if is_image else functools.partial(_table_dataset, scaling=scaling)
     return build(
         name=path.name,
@@ -1058,7 +1029,7 @@ def _load_npz(path: Path, *, test_fraction: float, seed: int, scaling: _ScalingR
         class_names=class_names,
         fingerprint=fingerprint,
         source=str(path.absolute()),
-        split=split,
+        split=split_text,
     )
 
 

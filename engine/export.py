@@ -243,7 +243,7 @@ def _write_export(store: Store, trained: TrainedModel, out: Path) -> dict[str, s
         (out / "model.onnx").unlink(missing_ok=True)
         files["model.onnx"] = f"not exported: {type(exc).__name__}: {exc}"
 
-    plan = next((e for e in store.events(trained.run["id"]) if e["type"] == "plan"), {})
+    plan = store.plan_event(trained.run["id"])
     card = model_card(trained, files, plan)
     (out / "model_card.json").write_text(json.dumps(to_json_safe(card), indent=2, default=str, allow_nan=False),
                                          encoding="utf-8")

@@ -14,7 +14,8 @@ ENDINGS); the colour mode is the
 first image's (grayscale "L" or "RGB"), and every image is converted to it. 16-bit grayscale images
 are scaled by value / 65535 (a folder of them reads as float32 in [0, 1]); 32-bit integer and float
 images, which have no fixed range, are refused.
-The train/test split is a seeded, stratified split of the files (engine.datasets.stratified_split).
+The train/test split is per file (engine.data_split): each file's side is a keyed hash of its path
+relative to the folder ("class/name").
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.array_data import HASH_READ, MappedRows, hash_files, image_dataset
+from engine.data_split import SplitRequest
 from engine.errors import DataError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -290,10 +292,10 @@ def _refused(problems: list[DataError], folder: str) -> DataError:
                                          "refused as well)" if more else ""))
 
 
-def load_image_folder(folder: Path, *, test_fraction: float, seed: int, checked_before: Collection[str] = ()):
+def load_image_folder(folder: Path, *, split: SplitRequest, checked_before: Collection[str] = ()):
     """The images under `folder`'s class sub-folders as a Dataset whose inputs are decoded on demand.
     `checked_before`: as ImageFileRows.checked_fingerprint."""
-    from engine.datasets import _need_two_classes, _split_or_fail, _split_text
+    from engine.datasets import _need_two_classes
 
     found = _class_files(folder)
     classes = [name for name, _ in found]
@@ -305,8 +307,8 @@ def load_image_folder(folder: Path, *, test_fraction: float, seed: int, checked_
     _need_two_classes(classes, what=str(folder))
     source = ImageFileRows(files, name=str(folder))
     fingerprint = source.checked_fingerprint(root=folder, checked_before=checked_before)
-    train, test = _split_or_fail(y, test_fraction=test_fraction, seed=seed, what=str(folder))
+    train, test = split.draw(MappedRows(source), y, what=str(folder))
     return image_dataset(name=folder.name, source=source, y=y[train], train_rows=train,
                          test=MappedRows(source, test), y_test=y[test], class_names=classes,
                          fingerprint=fingerprint,
-                         origin=str(folder.absolute()), split=_split_text(test_fraction, seed))
+                         origin=str(folder.absolute()), split=split.text)

@@ -191,10 +191,6 @@ def _about_exp(x: float) -> str:
     return f" (about {rounding.up(math.exp(x), '.3g')}x)" if x < 700 else ""
 
 
-def _plan(store: Store, run_id: int) -> dict[str, Any]:
-    return next((e for e in store.events(run_id) if e["type"] == "plan"), {})
-
-
 def _exact_statistics(plan: dict[str, Any]) -> bool:
     """Whether the run's features were scaled by the training data's own statistics (engine.feature_scaling)."""
     return "training split" in str((plan.get("normalization") or {}).get("source", ""))
@@ -229,6 +225,34 @@ def group_privacy_caveat(run: dict[str, Any]) -> str:
     return text + ": " + "; ".join(bounds) + "."
 
 
+def split_caveat(run: dict[str, Any], plan: dict[str, Any]) -> str | None:
+    """What one example more or less in the user's data does to the examples the run trained on
+    (engine.data_split), where the run drew its split or a training subset; None where it did not."""
+    from engine.data_split import SPLIT_BY_EXAMPLE
+    from engine.datasets import has_published_test_split
+
+    drawn = str(plan.get("data_split") or "")
+    subset = (run.get("config") or {}).get("train_subset") is not None and "training subset" in drawn
+    if plan.get("split_rule") == SPLIT_BY_EXAMPLE:
+        if "per-example split" not in drawn and not subset:
+            return None
+        text = ("Which examples were trained on was decided per example, by a keyed hash of each example and the "
+                "seed: one example more or less in the data changes the training split by that example alone")
+        if subset:
+            return text + (", but can swap one example of the training subset for another: for the data as given, "
+                           "the guarantee is the group bound for 2 rows above.")
+        return text + ", so the guarantee holds for the data as given."
+    dataset = str(run.get("dataset") or "")
+    split_here = not has_published_test_split(dataset) and (dataset.lower().endswith(".csv") or "/" not in dataset
+                                                            and not dataset.lower().endswith(".npz"))
+    if not plan or not (split_here or (run.get("config") or {}).get("train_subset") is not None):
+        return None
+    return ("This run drew its training examples by a seeded permutation of the whole data, as runs did before "
+            "the per-example split: one example more or less in the data changes which other examples were "
+            "trained on, so the guarantee covers the training examples as drawn, not the data as given. Train "
+            "again for a guarantee on the data as given.")
+
+
 def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     """What the guarantee does and does not cover, in plain words."""
     from engine.audit_run import audit_model_line
@@ -251,6 +275,8 @@ def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     if run["mechanism"] == "pate":
         items.insert(2, "Treated as public: the number of teachers (and so the size of each teacher's shard), "
                         "which the report states.")
+    if (split := split_caveat(run, plan)) is not None:
+        items.insert(1, split)
     if randomness(run)["privacy_noise"] == "secret":
         items.append("The privacy noise and the sampling came from secret operating-system randomness that was "
                      "never stored: the published seed does not determine them (it governs only initialisation, "
@@ -342,7 +368,7 @@ def build_report(store: Store, run_ref: str | int, *, include_votes: bool = Fals
     if run["status"] in ("queued", "running"):
         raise DPWError(f"run {run['id']} is {run['status']}; a report needs a finished, stopped or failed run")
     run_id = run["id"]
-    plan = _plan(store, run_id)
+    plan = store.plan_event(run_id)
     summary = run.get("summary") or {}
     config = run["config"]
     exact_statistics = _exact_statistics(plan)
@@ -367,6 +393,7 @@ def build_report(store: Store, run_ref: str | int, *, include_votes: bool = Fals
             "dataset_size": run.get("num_train"),
             "test_size": run.get("num_test"),
             "dataset_fingerprint": plan.get("dataset_fingerprint"),
+            "data_split": plan.get("data_split"),
             "normalization": plan.get("normalization"),
             "model": run.get("model"),
             "device": run.get("device"),

@@ -31,6 +31,7 @@ from typing import Any
 from engine.artifacts import artifacts_dir, claim_artifacts, note_unrecorded_failure
 from engine.checkpoint import CHECKPOINT_FILE, CannotResume, in_the_way, load_checkpoint, resume_refusal
 from engine.config import RunConfig
+from engine.data_split import SPLIT_BY_EXAMPLE, split_rule_of
 from engine.errors import DPWError, explain
 from engine.events import EventWriter
 from engine.store import Store, now_iso
@@ -109,13 +110,15 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
         phase = "reading the config"
         config = RunConfig.from_dict(run["config"])
         resume = parent = None
+        split_rule = SPLIT_BY_EXAMPLE
         if run.get("resumed_from") is not None:
             phase = "reading the checkpoint"
             parent = resumable(store, run["resumed_from"], for_run=run_id)
             resume = load_checkpoint(checkpoint_of(store, parent["id"]))
             store.update_run(run_id, steps_resumed=resume["step"])
+            split_rule = split_rule_of(store.plan_event(parent["id"]))  # the first run's training examples
         if data_parallel is not None:  # every rank starts from the same checkpoint (weights, optimizer, step)
-            data_parallel.share((config, resume))
+            data_parallel.share((config, resume, split_rule))
         emit("started", name=config.name, mechanism=config.mechanism, dataset=config.dataset,
              config=config.to_dict(), config_hash=config.config_hash(),
              **({"resumed_from": parent["id"], "from_step": resume["step"]} if resume is not None else {}))
@@ -124,7 +127,7 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
         from engine.runs import PreparedRun, prepare, store_votes
 
         prepared = prepare(config, emit=emit, data_parallel=data_parallel,
-                           checked_before=store.checked_fingerprints(config.dataset))
+                           checked_before=store.checked_fingerprints(config.dataset), split_rule=split_rule)
         store_votes(prepared, store, run_id)
         if isinstance(prepared, PreparedRun):  # under torchrun this is rank 0, whose weights are every rank's
             prepared.checkpoint_path = checkpoint_of(store, run_id)
@@ -240,10 +243,10 @@ def serve_rank(data_parallel: Any, stop: StopFlag, *, data_dir: str | None = Non
     from engine.runs import prepare
 
     try:
-        config, resume = data_parallel.share(None)
+        config, resume, split_rule = data_parallel.share(None)
         if data_dir:
             config = config.replace(data_dir=data_dir)
-        prepared = prepare(config, data_parallel=data_parallel)
+        prepared = prepare(config, data_parallel=data_parallel, split_rule=split_rule)
         prepared.resume = resume
         prepared.train(should_stop=stop)
     except Exception as exc:  # rank 0 records the run's failure; this rank says why it ended, in one line

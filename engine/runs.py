@@ -16,8 +16,8 @@ from typing import Any, Callable, Collection
 import torch
 from torch import nn
 
-from engine.array_data import take_rows
 from engine.config import RunConfig
+from engine.data_split import SPLIT_BY_EXAMPLE, permuted_subset_rows, subset_rows
 from engine.datasets import Dataset, load_dataset
 from engine.dpsgd import trainer
 from engine.errors import BudgetError, ConfigError, ModelSaveError
@@ -181,23 +181,22 @@ def per_class_accuracy(predicted: torch.Tensor, target: torch.Tensor, class_name
     return result
 
 
-def train_subset(data: Dataset, size: int, *, seed: int) -> Dataset:
-    """A seeded random subset of the training split (the test split is kept whole); inputs read on
-    demand (engine.array_data) stay so."""
-    generator = torch.Generator().manual_seed(seed)
-    keep = torch.randperm(data.num_train, generator=generator)[:size].sort().values
-    return dataclasses.replace(
-        data,
-        x_train=take_rows(data.x_train, keep),
-        y_train=data.y_train[keep],
-        split=(data.split + "; " if data.split else "") + f"training subset of {size} (seed {seed})",
-    )
+def train_subset(data: Dataset, size: int, *, seed: int, split_rule: str = SPLIT_BY_EXAMPLE) -> Dataset:
+    """A seeded subset of `size` training examples (engine.data_split.subset_rows; the test split is
+    kept whole); inputs read on demand (engine.array_data) stay so."""
+    keep = subset_rows(data.train_identities(), size, seed=seed) if split_rule == SPLIT_BY_EXAMPLE \
+        else permuted_subset_rows(data.num_train, size, seed=seed)
+    keep = torch.from_numpy(keep)
+    return dataclasses.replace(data.take_train(keep), split=(data.split + "; " if data.split else "")
+                               + f"training subset of {size} (seed {seed})")
 
 
-def load_run_data(config: RunConfig, *, emit: Emit = _noop, checked_before: Collection[str] = ()) -> Dataset:
+def load_run_data(config: RunConfig, *, emit: Emit = _noop, checked_before: Collection[str] = (),
+                  split_rule: str = SPLIT_BY_EXAMPLE) -> Dataset:
     """The data a run trains on: the dataset as the config reads it (split, scaling, DP feature
     statistics), then its training subset. Every problem with the data is a one-line DPWError here.
-    `checked_before`: fingerprints of data that passed the load's check before (engine.datasets.load_dataset)."""
+    `checked_before`: fingerprints of data that passed the load's check before (engine.datasets.load_dataset).
+    `split_rule`: engine.data_split's rule for the split and the subset (a continued run keeps its first run's)."""
     dp_statistics = config.normalization == "dp" and config.mechanism == "dpsgd"
     data = load_dataset(
         config.dataset,
@@ -212,6 +211,7 @@ def load_run_data(config: RunConfig, *, emit: Emit = _noop, checked_before: Coll
         rng=PrivateRandomness.for_run(config).numpy_generator("normalization_noise") if dp_statistics else None,
         progress=lambda done, total: emit("progress", phase="loading", done=done, total=total),
         checked_before=checked_before,
+        split_rule=split_rule,
     )
     if config.normalization in ("dp", "exact") and data.kind != "table":
         raise ConfigError("normalization", f"{config.normalization!r} computes statistics of tables; {data.name} is an "
@@ -221,24 +221,25 @@ def load_run_data(config: RunConfig, *, emit: Emit = _noop, checked_before: Coll
              "which the model ships with: this run states no differential privacy guarantee",
              hint="use 'bounds' (declared ranges) or 'dp' (statistics counted in epsilon) for a guarantee")
     if config.train_subset is not None and config.train_subset < data.num_train:
-        data = train_subset(data, config.train_subset, seed=config.seed)
+        data = train_subset(data, config.train_subset, seed=config.seed, split_rule=split_rule)
     return data
 
 
 def prepare(config: RunConfig, *, emit: Emit = _noop, data_parallel: Any = None,
-            checked_before: Collection[str] = ()) -> PreparedRun:
+            checked_before: Collection[str] = (), split_rule: str = SPLIT_BY_EXAMPLE) -> PreparedRun:
     """Load the data, build the model and fix the privacy plan; emits a `plan` event.
 
     PATE runs (mechanism "pate") get an `engine.pate.run.PreparedPATERun`, with the same
     train() / run_fields() / finish() interface. With `data_parallel` (a `--nproc` run) every rank
     prepares the same run: the same data (checked), weights and rank 0's privacy plan.
     `checked_before`: fingerprints of data that passed the load's check before (Store.checked_fingerprints).
+    `split_rule`: as load_run_data; the plan records it, for the run's audit and its continuation.
     """
     if data_parallel is not None:
         from engine.distributed_launch import check_distributable
 
         check_distributable(config)
-    data = load_run_data(config, emit=emit, checked_before=checked_before)
+    data = load_run_data(config, emit=emit, checked_before=checked_before, split_rule=split_rule)
     if config.audit_canaries and config.audit_canary_kind == "input":
         from engine.dpsgd.canaries import check_input_canaries_fit
 
@@ -246,7 +247,7 @@ def prepare(config: RunConfig, *, emit: Emit = _noop, data_parallel: Any = None,
     if config.mechanism == "pate":
         from engine.pate.run import prepare_pate
 
-        return prepare_pate(config, data, emit=emit)
+        return prepare_pate(config, data, emit=emit, split_rule=split_rule)
     config.check_against_dataset(data.num_train)
     model_name = default_model_for(data) if config.model == "auto" else config.model
     torch.manual_seed(config.seed)
@@ -279,6 +280,8 @@ def prepare(config: RunConfig, *, emit: Emit = _noop, data_parallel: Any = None,
         input_shape=list(data.input_shape),
         num_classes=data.num_classes,
         dataset_fingerprint=data.fingerprint,
+        data_split=data.split,
+        split_rule=split_rule,
         normalization=json.loads(json.dumps(data.normalization)),
         sample_rate=plan.sample_rate,
         steps=plan.steps_planned,

@@ -836,6 +836,13 @@ class Store:
         rows = self.db.conn.execute(sql + " order by seq", [run_id, *exclude]).fetchall()
         return [{"v": 1, "type": t, "run_id": run_id, "t": time, **loads(p)} for t, time, p in rows]
 
+    def plan_event(self, run_id: int) -> dict[str, Any]:
+        """The run's `plan` event (what it fixed before training: data, split, privacy plan), or {}
+        for a run that never got that far."""
+        row = self.db.conn.execute("select t, payload from events where run_id = ? and type = 'plan' "
+                                   "order by seq limit 1", [run_id]).fetchone()
+        return {} if row is None else {"v": 1, "type": "plan", "run_id": run_id, "t": row[0], **loads(row[1])}
+
     def metrics(self, run_id: int, name: str | None = None) -> list[dict[str, Any]]:
         where, args = "run_id = ?", [run_id]
         if name is not None:

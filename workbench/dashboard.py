@@ -386,14 +386,14 @@ class Dashboard(QWidget):
                 spent = series.last()
                 delta = data.plan.get("delta", data.config.get("delta"))
                 at_delta = f", δ {float(delta):g}" if isinstance(delta, (int, float)) else ""
-                value = "∞: NO FINITE GUARANTEE" if spent == float("inf") else f"{spent:.3g}"
+                value = "∞: NO FINITE GUARANTEE" if spent == float("inf") else rounding.up(spent, ".3g")
                 parts.append(f"{alone}ε {value} ({name}{at_delta}, step {int(series.x[-1]):,})")
                 live = data.privacy.get("rdp")
                 if name != "rdp" and live is not None and len(live) and live.x[-1] > series.x[-1]:
-                    parts.append(f"live bound {live.last():.3g} (rdp, step {int(live.x[-1]):,})")
+                    parts.append(f"live bound {rounding.up(live.last(), '.3g')} (rdp, step {int(live.x[-1]):,})")
         budget = data.budget
         if budget is not None:
-            left = f", {max(budget - spent, 0):.3g} left" if spent is not None else ""
+            left = f", {rounding.down(max(budget - spent, 0.0), '.3g')} left" if spent is not None else ""
             parts.append(f"budget {budget:g}{left}")
         self.budget_label.setText("  ·  ".join(parts))
 

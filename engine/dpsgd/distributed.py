@@ -117,8 +117,8 @@ class DataParallel:
         self.num_train = data.num_train
         keep = torch.arange(self.rank, data.num_train, self.world_size)
         test = slice(None) if self.reports else slice(0, 0)  # only rank 0 evaluates and reports
-        return dataclasses.replace(data, x_train=take_rows(data.x_train, keep), y_train=data.y_train[keep],
-                                   x_test=take_rows(data.x_test, test), y_test=data.y_test[test])
+        return dataclasses.replace(data.take_train(keep), x_test=take_rows(data.x_test, test),
+                                   y_test=data.y_test[test])
 
     def broadcast_parameters(self, model: nn.Module) -> None:
         """Start every rank from rank 0's weights (seeded initialisation makes them equal already)."""

@@ -40,6 +40,7 @@ from torch import nn
 
 from engine.array_data import take_rows
 from engine.config import RunConfig
+from engine.data_split import SPLIT_BY_EXAMPLE
 from engine.datasets import Dataset
 from engine.dpsgd.trainer import resolve_device
 from engine.errors import ConfigError, DataError
@@ -522,7 +523,8 @@ def release_parameters(config: RunConfig, num_classes: int) -> dict[str, float]:
     return {k: v for k, v in fixed.items() if v is not None}
 
 
-def prepare_pate(config: RunConfig, data: Dataset, *, emit: Emit = _noop) -> PreparedPATERun:
+def prepare_pate(config: RunConfig, data: Dataset, *, emit: Emit = _noop,
+                 split_rule: str = SPLIT_BY_EXAMPLE) -> PreparedPATERun:
     """Split the test set into pool and held-out part, pick the models; emits a `plan` event."""
     config.check_against_dataset(data.num_train, data.num_test)
     if config.teachers_backend == "ray":
@@ -558,6 +560,8 @@ def prepare_pate(config: RunConfig, data: Dataset, *, emit: Emit = _noop) -> Pre
         input_shape=list(data.input_shape),
         num_classes=data.num_classes,
         dataset_fingerprint=data.fingerprint,
+        data_split=data.split,
+        split_rule=split_rule,
         normalization=json.loads(json.dumps(data.normalization)),
         num_teachers=config.num_teachers,
         shard_size=shard,

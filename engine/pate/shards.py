@@ -2,48 +2,32 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
-import os
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
-READ_BYTES = 1 << 25  # raw rows read at a time when inputs read on demand are hashed
+from engine.example_hash import hash_key, keyed_hashes
 
 
 def shard_key(seed: int) -> bytes:
-    """The 32-byte key of the example hash: a function of the run's seed only, fixed before any data is
-    seen. The argument needs a fixed key, not a secret one, so the seed (public) is enough."""
-    return np.random.SeedSequence([seed, 0x5A7E]).generate_state(8, dtype=np.uint32).astype("<u4").tobytes()
+    """The key of the example hash that deals examples to teachers (engine.example_hash.hash_key)."""
+    return hash_key(seed, 0x5A7E)
 
 
 def teacher_of(examples: Any, num_teachers: int, *, seed: int, labels: Any = None) -> np.ndarray:
-    """The teacher of each example (int64, 0..num_teachers-1): a keyed hash (blake2b, `shard_key(seed)`)
-    of the example's own identity, mod num_teachers.
+    """The teacher of each example (int64, 0..num_teachers-1): its keyed hash (engine.example_hash,
+    `shard_key(seed)`) mod num_teachers.
 
     Teacher j's shard is then a function of the examples in it and nothing else: adding or removing
     one example changes exactly one shard, by that example — the add/remove neighbouring relation of
     the PATE analysis. Shard sizes are multinomial (about N/T each, possibly 0 for small N/T); equal
-    examples share a teacher. The identity (`example_records`) is:
-    - inputs in memory (tensor or array, one row per example): the row's bytes as held, with the label;
-    - inputs read on demand from an image folder: the file's path relative to the folder
-      ("class/name") with the label. Paths are listed at load already, so this costs no read, where
-      the files' bytes would mean reading (and for a check, decoding) the whole folder again;
-    - other inputs read on demand (memory-mapped arrays): the row's stored bytes with the label, read
-      once, sequentially, READ_BYTES at a time (the data may be larger than memory);
-    - an int N: example i is identified by i (for callers whose indices are stable identities).
+    examples share a teacher. `examples` and `labels` identify each example as
+    engine.example_hash.example_records says.
     """
     if num_teachers < 1:
         raise ValueError(f"num_teachers must be at least 1; got {num_teachers}")
-    key = shard_key(seed)
-    n = examples if isinstance(examples, (int, np.integer)) else len(examples)
-    out = np.empty(int(n), dtype=np.int64)
-    for i, record in enumerate(example_records(examples, labels)):
-        digest = hashlib.blake2b(record, key=key, digest_size=8).digest()
-        out[i] = int.from_bytes(digest, "little") % num_teachers
-    return out
+    return (keyed_hashes(examples, key=shard_key(seed), labels=labels) % np.uint64(num_teachers)).astype(np.int64)
 
 
 def partition(examples: Any, num_teachers: int, *, seed: int, labels: Any = None) -> list[np.ndarray]:
@@ -53,50 +37,6 @@ def partition(examples: Any, num_teachers: int, *, seed: int, labels: Any = None
     order = np.argsort(owner, kind="stable")
     counts = np.bincount(owner, minlength=num_teachers)
     return [part.astype(np.int64) for part in np.split(order, np.cumsum(counts)[:-1])]
-
-
-def example_records(examples: Any, labels: Any = None) -> Iterator[bytes]:
-    """Each example's identity as bytes, in row order (see `teacher_of`)."""
-    suffix = _label_bytes(labels)
-    if isinstance(examples, (int, np.integer)):
-        for i in range(int(examples)):
-            yield i.to_bytes(8, "little") + suffix(i)
-        return
-    from engine.array_data import MappedRows
-
-    if isinstance(examples, MappedRows):
-        yield from _mapped_records(examples, suffix)
-        return
-    rows = examples.detach().cpu().numpy() if hasattr(examples, "detach") else np.asarray(examples)
-    rows = np.ascontiguousarray(rows).reshape(len(rows), -1)
-    for i in range(len(rows)):
-        yield rows[i].tobytes() + suffix(i)
-
-
-def _label_bytes(labels: Any):
-    if labels is None:
-        return lambda i: b""
-    y = labels.detach().cpu().numpy() if hasattr(labels, "detach") else np.asarray(labels)
-    y = np.ascontiguousarray(y.astype("<i8")).tobytes()
-    return lambda i: b"|" + y[8 * i : 8 * i + 8]
-
-
-def _mapped_records(x: Any, suffix) -> Iterator[bytes]:
-    source = x.source
-    rows = np.arange(source.shape[0]) if x.rows is None else x.rows
-    files = getattr(source, "files", None)
-    if files is not None:  # an image folder: folder/class/name
-        for i, row in enumerate(rows):
-            path = Path(files[int(row)])
-            yield os.fsencode(f"{path.parent.name}/{path.name}") + suffix(i)
-        return
-    row_bytes = max(1, math.prod(source.shape[1:]) * 4)
-    step = max(1, READ_BYTES // row_bytes)
-    for start in range(0, len(rows), step):
-        raw = np.ascontiguousarray(source.read(rows[start : start + step]))
-        raw = raw.reshape(len(raw), -1)
-        for j in range(len(raw)):
-            yield raw[j].tobytes() + suffix(start + j)
 
 
 def shard_matrix(shards: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

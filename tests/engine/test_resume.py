@@ -15,6 +15,7 @@ from engine import privacy
 from engine.checkpoint import CHECKPOINT_FILE, CannotResume, apply_checkpoint, load_checkpoint, save_checkpoint
 from engine.cli import cli
 from engine.config import RunConfig
+from engine.data_split import SPLIT_STRATIFIED
 from engine.ledger import dataset_ledgers
 from engine.runner import StopFlag, artifacts_dir, execute
 from engine.store import Store
@@ -22,7 +23,7 @@ from engine.store import Store
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 from test_runner import read_events_until, start_runner  # noqa: E402
 
-# digits: 1,438 training examples, q = 64/1438, 6 epochs = 135 steps, evaluated every 11 steps
+# digits: 1,441 training examples (seed 0), q = 64/1441, 6 epochs = 136 steps, evaluated every 11 steps
 DIGITS = dict(name="digits-long", dataset="digits", noise_multiplier=1.0, expected_batch_size=64, epochs=6,
               learning_rate=0.5, evaluations_per_epoch=2, membership_audit=False)
 
@@ -130,6 +131,26 @@ def test_a_stopped_run_continues_to_its_end_with_the_epsilon_of_all_its_steps(tm
     assert ledger.epsilon == pytest.approx(whole.value, rel=1e-6)
     assert run["accuracy"] > 0.5
     assert not (artifacts_dir(store, second) / CHECKPOINT_FILE).exists()  # finished: nothing left to continue
+
+
+def test_a_run_recorded_before_the_per_example_split_continues_on_its_own_training_examples(tmp_path, monkeypatch):
+    """Runs from before engine.data_split's per-example rule drew a stratified split and recorded no
+    rule: their continuation rebuilds that split (another would be other examples and another sample rate)."""
+    import engine.runner
+
+    store = Store(tmp_path / "runs.sqlite")
+    first = store.create_run(RunConfig(**DIGITS))
+    monkeypatch.setattr(engine.runner, "SPLIT_BY_EXAMPLE", SPLIT_STRATIFIED)  # as those versions split
+    assert execute(store, first, stream=None, stop=StopAfter(10)) == "stopped"
+    monkeypatch.undo()
+    with store.db.conn:  # they recorded no split_rule
+        store.db.conn.execute("update events set payload = json_remove(payload, '$.split_rule') "
+                              "where run_id = ? and type = 'plan'", [first])
+    assert "split_rule" not in store.plan_event(first) and store.get_run(first)["num_train"] == 1438
+    second = store.create_run(RunConfig(**DIGITS), resumed_from=first)
+    assert execute(store, second, stream=None) == "finished", store.get_run(second)["error"]
+    assert store.plan_event(second)["split_rule"] == SPLIT_STRATIFIED
+    assert store.get_run(second)["sample_rate"] == store.get_run(first)["sample_rate"] == 64 / 1438
 
 
 def test_dpw_resume_continues_a_killed_runner_from_its_last_checkpoint_once(tmp_path):

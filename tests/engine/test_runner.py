@@ -159,7 +159,7 @@ def test_delta_too_large_for_the_dataset_fails_naming_delta(tmp_path):
 
 
 def test_budget_stops_before_the_first_step_that_would_exceed_it(tmp_path):
-    q, sigma = 64 / 1438, 1.0  # digits: 1797 - 359 test = 1438 training examples
+    q, sigma = 64 / 1441, 1.0  # digits: 1797 - 356 test = 1441 training examples (seed 0)
     eps_at = lambda t: privacy.dpsgd_epsilon(sample_rate=q, noise_multiplier=sigma, steps=t, delta=1e-5).value
     budget = (eps_at(12) + eps_at(13)) / 2
     store, run_id = queue(tmp_path, name="b", dataset="digits", noise_multiplier=sigma, expected_batch_size=64,
@@ -168,7 +168,7 @@ def test_budget_stops_before_the_first_step_that_would_exceed_it(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     run = store.get_run(run_id)
-    assert run["num_train"] == 1438
+    assert run["num_train"] == 1441
     assert run["steps_done"] == 12 and run["stop_reason"] == "budget" and run["status"] == "finished"
     assert run["epsilon"] <= budget
     assert all(p["epsilon"] <= budget for p in store.privacy(run_id, "pld"))

@@ -105,9 +105,12 @@ def test_the_privacy_cost_of_a_folder_dataset_is_previewed_from_its_real_size(wi
         window.form.set_value(name, value)
     window.form.set_value("dataset", str(tmp_path / "pictures"))
     preview = window.form.preview_label
-    qtbot.waitUntil(lambda: "N 48," in preview.text(), timeout=60_000)  # 60 images, 12 held out
-    assert "ε = " in preview.text() and "sampling rate q = 0.1667" in preview.text(), preview.text()
-    window.form.set_value("delta", "0.05")  # not below 1/48
+    from engine.datasets import load_dataset
+
+    n = load_dataset(tmp_path / "pictures", test_fraction=0.2).num_train  # 60 images, about 12 held out
+    qtbot.waitUntil(lambda: f"N {n}," in preview.text(), timeout=60_000)
+    assert "ε = " in preview.text() and f"sampling rate q = {8 / n:.4g}" in preview.text(), preview.text()
+    window.form.set_value("delta", "0.05")  # not below 1/N
     delta = window.form.fields["delta"]
     assert delta.mark.text() == INVALID_MARK and "1/N" in delta.message
     window.form.set_value("delta", "1e-3")

@@ -92,3 +92,20 @@ def test_pate_budget_left_counts_the_epsilon_the_engine_stops_on(qtbot):
     assert "budget 8, 2 left" in dashboard.budget_label.text()
     dashboard._budget_text(pate_run("data-dependent"))
     assert "budget 8, 6.5 left" in dashboard.budget_label.text()
+
+
+def test_dp_sgd_budget_text_rounds_the_epsilon_spent_up_and_what_is_left_down(qtbot):
+    """ε spent is a bound (never shown below it); what is left of the budget is never shown above it."""
+    from workbench.dashboard import Dashboard
+
+    data = RunData(run_id=1)
+    data.apply({"type": "started", "name": "d", "mechanism": "dpsgd", "config": {"epsilon_budget": 8.0}})
+    data.apply({"type": "plan", "epsilon_budget": 8.0, "accountant": "pld", "delta": 1e-5})
+    data.apply({"type": "privacy", "step": 40, "epsilon": 2.3114, "accountant": "pld"})
+    data.apply({"type": "privacy", "step": 41, "epsilon": 2.3231, "accountant": "rdp"})
+    dashboard = Dashboard()
+    qtbot.addWidget(dashboard)
+    dashboard._budget_text(data)
+    text = dashboard.budget_label.text()
+    assert "ε 2.32 (pld, δ 1e-05, step 40)" in text and "live bound 2.33 (rdp, step 41)" in text
+    assert "budget 8, 5.68 left" in text  # 5.6886 rounded down
