@@ -27,7 +27,6 @@ A quick look (a few minutes):
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path

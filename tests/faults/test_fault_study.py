@@ -17,7 +17,7 @@ from engine.publication import publishable_epsilon
 from engine.store import Store
 from engine.study import composition_epsilon, plan_candidates, training_size
 from engine.study_config import StudyConfig
-from fault_helpers import DIGITS, check_ledger, start, store_with_history, write_toml
+from fault_helpers import DIGITS, check_ledger, start, store_with_history
 
 NOISE = [1.0, 1.2, 1.5]
 

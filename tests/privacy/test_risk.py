@@ -12,13 +12,12 @@ import logging
 import math
 import subprocess
 import sys
-import time
 import warnings
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from scipy import optimize, stats
+from scipy import stats
 
 from engine.cli import cli
 from engine.privacy import compute_rdp, pld_epsilon

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from scipy import special, stats
+from scipy import stats
 
 from engine import rounding
 from engine.cli import cli
