@@ -104,6 +104,16 @@ class RunConfig:
     label_column: str = _spec(
         "label", label="Label column", help="The CSV column that holds the class label.", kind=str, group="data"
     )
+    classes: str | None = _spec(
+        None,
+        label="Classes",
+        help="The classes, known without looking at the data, separated by commas (e.g. 'healthy, flu, other'): "
+        "the model gets one output per class in this order, and a label outside them is refused. Unset: the "
+        "labels found in the data, whose set the report then states as treated as public.",
+        kind=str,
+        optional=True,
+        group="data",
+    )
     test_fraction: float = _spec(
         0.2,
         label="Test fraction",
@@ -825,7 +835,7 @@ def collect_errors(values: dict[str, Any]) -> list[ConfigError]:
             )
     if values.get("mechanism") == "pate":
         errors.extend(_pate_errors(values))
-    errors.extend(_normalization_errors(values))
+    errors.extend(_data_errors(values))
     errors.extend(_audit_errors(values))
     return errors
 
@@ -838,14 +848,17 @@ def _audit_errors(values: dict[str, Any]) -> list[ConfigError]:
     return []
 
 
-def _normalization_errors(values: dict[str, Any]) -> list[ConfigError]:
+def _data_errors(values: dict[str, Any]) -> list[ConfigError]:
     from engine.feature_scaling import parse_feature_bounds
 
+    from engine.declared_classes import parse_classes
+
     errors = []
-    try:
-        parse_feature_bounds(values.get("feature_bounds"))
-    except ConfigError as exc:
-        errors.append(exc)
+    for parse, name in ((parse_feature_bounds, "feature_bounds"), (parse_classes, "classes")):
+        try:
+            parse(values.get(name))
+        except ConfigError as exc:
+            errors.append(exc)
     if values.get("normalization") == "dp" and values.get("mechanism") != "dpsgd":
         errors.append(
             ConfigError(

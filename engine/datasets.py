@@ -53,8 +53,9 @@ import numpy as np
 # torch is imported inside the functions that make tensors: listing the registry needs no torch.
 from engine.csv_table import FLOAT32_MAX, read_csv_table
 from engine.data_split import SPLIT_BY_EXAMPLE, SplitRequest
+from engine.declared_classes import output_of_each_label, parse_classes
 from engine.example_hash import identity_digests
-from engine.errors import DataError
+from engine.errors import ConfigError, DataError
 from engine.feature_scaling import FeatureBounds, parse_feature_bounds, table_scaling
 
 IMAGE = "image"
@@ -251,6 +252,11 @@ def dataset_info(name: str) -> DatasetInfo:
     return info
 
 
+def is_registered(name: str) -> bool:
+    """Whether `name` is a registered dataset (by name or alias), not a user's file or folder."""
+    return _lookup(str(name)) is not None
+
+
 def has_published_test_split(name: str) -> bool:
     """Whether `name` is a registered dataset that comes with its own test files (MNIST, CIFAR-10,
     SVHN ...), in their published order; any other test split is drawn here or given by the user."""
@@ -273,6 +279,7 @@ def load_dataset(
     progress: Callable[[int, int], None] | None = None,
     checked_before: Collection[str] = (),
     split_rule: str = SPLIT_BY_EXAMPLE,
+    classes: str | None = None,
 ) -> Dataset:
     """Load a registered dataset by name, or a user's `.csv` / `.npz` file by path.
 
@@ -284,12 +291,17 @@ def load_dataset(
     is called while a large CSV file loads. `checked_before`: fingerprints of data that passed the
     load's check before (an image folder with one of them is not checked again: the same bytes).
     `split_rule`: engine.data_split's rule (a stored run is rebuilt with the rule it recorded).
+    `classes`: the declared classes of a user's data (engine.declared_classes), in output order.
     """
     split = SplitRequest(test_fraction, seed, split_rule)
     scaling = _ScalingRequest(normalization, parse_feature_bounds(feature_bounds), statistics_noise_multiplier, rng)
+    declared = parse_classes(classes)
     info = _lookup(str(name_or_path)) if isinstance(name_or_path, str) else None
     if info is not None:
         assert info._loader is not None
+        if declared is not None:
+            raise ConfigError("classes", f"{info.name} has its own published classes; classes declares those of "
+                              "your own data", hint="leave classes unset for a registered dataset")
         return info._loader(
             info,
             data_dir=resolve_data_dir(data_dir) if info.needs_files else None,
@@ -299,7 +311,25 @@ def load_dataset(
             scaling=scaling,
         )
 
-    path = Path(name_or_path).expanduser()
+    data = _load_path(Path(name_or_path).expanduser(), label_column=label_column, split=split, scaling=scaling,
+                      progress=progress, checked_before=checked_before)
+    return data if declared is None else with_declared_classes(data, declared)
+
+
+def with_declared_classes(data: Dataset, declared: Sequence[str]) -> Dataset:
+    """`data` with its labels coded as the declared classes (engine.declared_classes): one model
+    output per declared class, whichever of them the data holds."""
+    import torch
+
+    code = torch.from_numpy(output_of_each_label(data.class_names, declared, what=data.source))
+    return dataclasses.replace(data, y_train=code[data.y_train], y_test=code[data.y_test],
+                               class_names=tuple(declared), num_classes=len(declared))
+
+
+def _load_path(path: Path, *, label_column: str, split: SplitRequest, scaling: _ScalingRequest,
+               progress: Callable[[int, int], None] | None, checked_before: Collection[str]) -> Dataset:
+    """A user's data: a .csv or .npz file, or a folder (arrays or images)."""
+    name_or_path = str(path)
     suffix = path.suffix.lower()
     if path.is_dir() and suffix not in (".csv", ".npz"):
         return _load_folder(path, split=split, checked_before=checked_before)

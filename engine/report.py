@@ -253,6 +253,23 @@ def split_caveat(run: dict[str, Any], plan: dict[str, Any]) -> str | None:
             "again for a guarantee on the data as given.")
 
 
+TREATED_AS_PUBLIC_SIZE = ("Treated as public: the size of the training set. Under add/remove neighbours the guarantee "
+                          "hides whether one example was present, not how many examples there were; the report "
+                          "states the size.")
+
+
+def classes_caveat(run: dict[str, Any]) -> str | None:
+    """For a user's own data whose classes the config did not declare (engine.declared_classes): their
+    set came from the data's labels; None for a registered dataset or declared classes."""
+    from engine.datasets import is_registered
+
+    if is_registered(str(run.get("dataset") or "")) or (run.get("config") or {}).get("classes"):
+        return None
+    return ("Treated as public: the set of classes, read from the data's own labels. The model and its export "
+            "have one output per class found, so an example whose class no other example has is not hidden by "
+            "the guarantee; declare the classes (classes = \"a, b, ...\") from public knowledge to hide it.")
+
+
 def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     """What the guarantee does and does not cover, in plain words."""
     from engine.audit_run import audit_model_line
@@ -262,8 +279,7 @@ def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
         return ["This is a non-private baseline: the model may reveal its training examples."] + audit_model
     items = [
         group_privacy_caveat(run),
-        "Treated as public: the size of the training set. Under add/remove neighbours the guarantee hides "
-        "whether one example was present, not how many examples there were; the report states the size.",
+        TREATED_AS_PUBLIC_SIZE,
         "Treated as public: the test metrics. Test accuracy is measured on held-out data, without privacy: "
         "the guarantee does not protect that data, and if it is sensitive the reported accuracies reveal "
         "something about it.",
@@ -277,6 +293,8 @@ def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
                         "which the report states.")
     if (split := split_caveat(run, plan)) is not None:
         items.insert(1, split)
+    if (classes := classes_caveat(run)) is not None:
+        items.insert(items.index(TREATED_AS_PUBLIC_SIZE) + 1, classes)
     if randomness(run)["privacy_noise"] == "secret":
         items.append("The privacy noise and the sampling came from secret operating-system randomness that was "
                      "never stored: the published seed does not determine them (it governs only initialisation, "

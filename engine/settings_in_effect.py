@@ -3,7 +3,8 @@
 `engine.config.fields_used` says which fields a mechanism (and PATE aggregator) reads; a few more
 fields matter only for some values of another one: the momentum only for the 'momentum' optimizer,
 the label column only for a CSV file, the test fraction only for data without a standard test
-split, the statistics' noise multiplier only for normalization = 'dp'. The setup form shows, and a
+split, the declared classes only for a user's own data, the statistics' noise multiplier only for
+normalization = 'dp'. The setup form shows, and a
 report lists, exactly these (one rule for both).
 """
 
@@ -13,8 +14,6 @@ from typing import Any, Mapping
 
 from engine.config import config_fields, fields_used
 
-# Registered datasets that come with their own test split (engine.datasets: torchvision sets).
-DATASETS_WITH_TEST_SPLIT = ("mnist", "fashion-mnist", "cifar10", "svhn")
 
 
 def settings_in_effect(values: Mapping[str, Any]) -> list[str]:
@@ -22,14 +21,18 @@ def settings_in_effect(values: Mapping[str, Any]) -> list[str]:
     mechanism = str(values.get("mechanism") or "dpsgd").strip()
     aggregator = values.get("aggregator")
     aggregator = str(aggregator).strip() if aggregator is not None else None
+    from engine.datasets import has_published_test_split, is_registered
+
     dataset = str(values.get("dataset") or "").strip().lower()
     unused = set()
     if str(values.get("optimizer") or "").strip() != "momentum":
         unused.add("momentum")
     if not dataset.endswith(".csv"):
         unused.add("label_column")
-    if dataset in DATASETS_WITH_TEST_SPLIT:
+    if has_published_test_split(dataset):
         unused.add("test_fraction")
+    if is_registered(dataset):  # its classes are published
+        unused.add("classes")
     if str(values.get("normalization") or "").strip() != "dp":
         unused.add("normalization_noise_multiplier")
     return [name for name in fields_used(mechanism, aggregator) if name not in unused]

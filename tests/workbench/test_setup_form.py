@@ -265,11 +265,13 @@ def test_fields_the_optimizer_and_dataset_do_not_use_are_hidden(form):
     form.set_value("optimizer", "momentum")
     assert shown("momentum")
     form.set_value("dataset", "mnist")
-    assert not shown("test_fraction") and not shown("label_column")
+    assert not shown("test_fraction") and not shown("label_column") and not shown("classes")
+    form.set_value("dataset", "fmnist")  # an alias of a registered dataset with its own test split
+    assert not shown("test_fraction") and not shown("classes")
     form.set_value("dataset", "digits")
-    assert shown("test_fraction") and not shown("label_column")
+    assert shown("test_fraction") and not shown("label_column") and not shown("classes")
     form.set_value("dataset", "/data/patients.csv")
-    assert shown("test_fraction") and shown("label_column")
+    assert shown("test_fraction") and shown("label_column") and shown("classes")
 
 
 def test_a_hidden_momentum_that_does_not_parse_does_not_block_adam(form):
