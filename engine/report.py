@@ -270,6 +270,19 @@ def classes_caveat(run: dict[str, Any]) -> str | None:
             "the guarantee; declare the classes (classes = \"a, b, ...\") from public knowledge to hide it.")
 
 
+def pate_pool_caveat(plan: dict[str, Any]) -> str:
+    """PATE's student learns from the test split's examples without noise: they must be public."""
+    text = ("Treated as public: the student's pool (the examples the teachers label and the student trains on) "
+            "and the held-out examples it is scored on, both from the test split. The guarantee protects the "
+            "teachers' training examples only.")
+    drawn = str(plan.get("data_split") or "")
+    if drawn.startswith(("per-example split", "stratified split")):
+        text += (" This run drew its test split from the data given (test_fraction of it): those examples are not "
+                 "protected. When all of the data is private, give PATE public pool data of its own (x_test and "
+                 "y_test beside x and y).")
+    return text
+
+
 def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     """What the guarantee does and does not cover, in plain words."""
     from engine.audit_run import audit_model_line
@@ -291,6 +304,7 @@ def caveats(run: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     if run["mechanism"] == "pate":
         items.insert(2, "Treated as public: the number of teachers (and so the size of each teacher's shard), "
                         "which the report states.")
+        items.insert(3, pate_pool_caveat(plan))
     if (split := split_caveat(run, plan)) is not None:
         items.insert(1, split)
     if (classes := classes_caveat(run)) is not None:

@@ -244,3 +244,16 @@ def test_pate_report_shows_the_release_parameters_as_labelled_rows_and_only_pate
     assert "<th>parameters chosen from the votes</th><td>no</td>" in section
     assert "<th>rdp released</th>" not in section and "counted as at least 0" in section
     assert "{&quot;" not in html and '{"' not in html
+
+
+def test_the_report_says_the_students_pool_is_treated_as_public_and_when_it_came_from_the_data_given():
+    """PATE's student trains on the test split's examples without noise: they are public data, or unprotected."""
+    from engine.report import caveats, pate_pool_caveat
+
+    published = pate_pool_caveat({"data_split": "standard train/test files (60000/10000)"})
+    assert published.startswith("Treated as public: the student's pool") and "not protected" not in published
+    drawn = pate_pool_caveat({"data_split": "per-example split: test_fraction=0.2, seed=0"})
+    assert drawn.startswith(published) and "drew its test split from the data given" in drawn
+    run = {"id": 1, "mechanism": "pate", "status": "finished", "epsilon": 2.0, "delta": 1e-5,
+           "accountant": "pate-di", "dataset": "mnist", "config": {}, "summary": {}}
+    assert published in caveats(run, {"data_split": "standard train/test files (60000/10000)"})
