@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from engine import rounding
-from engine.cli_privacy import RISK_LABEL, check_number, echo_risk_rows, percent, privacy
+from engine.cli_privacy import RISK_LABEL, check_number, echo_risk_rows, privacy
 from engine.cli_shell import (
     DPWGroup,
     UserError,
@@ -559,11 +559,9 @@ def list_row(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def bound_cell(epsilon: float | None) -> str | None:
-    """An epsilon in a `dpw list` or `dpw ledger` table: rounded up at 4 significant digits, "∞" when
-    no bound holds, None (shown "-") when there is none."""
-    if epsilon is None:
-        return None
-    return "∞" if epsilon == math.inf else rounding.up(epsilon, ".4g")
+    """An epsilon in a `dpw list` or `dpw ledger` table: engine.rounding.bound_cell at 4 significant
+    digits (None is shown "-")."""
+    return rounding.bound_cell(epsilon, ".4g")
 
 
 @cli.command("list")
@@ -978,10 +976,10 @@ def _echo_audit(body: dict[str, Any], as_json: bool, heading: str) -> None:
         for fpr, tpr in sorted(mia["tpr_at_fpr"].items(), key=lambda item: -float(item[0])):
             why = not_measurable(float(fpr), mia["nonmembers"])
             if tpr is None or why is not None:
-                click.echo(f"  TPR at FPR {percent(float(fpr)):<5} {why}")
+                click.echo(f"  TPR at FPR {rounding.percent(float(fpr)):<5} {why}")
                 continue
             lo, hi = mia["tpr_interval"][fpr]
-            click.echo(f"  TPR at FPR {percent(float(fpr)):<5} {100 * tpr:.3g}%  [{100 * lo:.3g}%, {100 * hi:.3g}%]")
+            click.echo(f"  TPR at FPR {rounding.percent(float(fpr)):<5} {100 * tpr:.3g}%  [{100 * lo:.3g}%, {100 * hi:.3g}%]")
         if theory and not theory["above_theory"]:
             text = theory_check_text(theory, members=mia["members"], nonmembers=mia["nonmembers"])
             click.echo(f"  theory check     {text}")

@@ -105,10 +105,6 @@ def privacy_risk(sample_rate: float, noise_multiplier: float, steps: int, delta:
     echo_risk_rows(result, epsilon=eps.value, note=f"({eps.accountant})")
 
 
-def percent(x: float) -> str:
-    return f"{100 * x:g}%"
-
-
 def _percent_up(x: float) -> str:
     """A probability bound as a percentage to 3 significant digits, rounded up."""
     from engine.attack_risk import percent_up
@@ -429,8 +425,8 @@ def echo_risk_rows(figures: Any, *, epsilon: float, note: str) -> None:
     guarantee read off a grid, a little above it)."""
     rows = [("epsilon", f"{epsilon_text(epsilon)} at delta {figures.delta:g} {note}"),
             ("max advantage (TPR-FPR)", _percent_up(figures.max_advantage))]
-    rows += [(f"TPR at FPR {percent(fpr)}", _percent_up(tpr)) for fpr, tpr in figures.tpr_at_fpr.items()]
-    rows += [(f"posterior, prior {percent(prior)}",
+    rows += [(f"TPR at FPR {rounding.percent(fpr)}", _percent_up(tpr)) for fpr, tpr in figures.tpr_at_fpr.items()]
+    rows += [(f"posterior, prior {rounding.percent(prior)}",
               f"{_percent_up(post)}  (except with probability {figures.delta:g})")
              for prior, post in figures.posterior.items()]
     for label, value in rows:

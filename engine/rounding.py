@@ -38,3 +38,16 @@ def _rounded(value: float, spec: str, rounding: str) -> str:
     else:
         raise ValueError(f"format {spec!r}: only .Nf and .Ng are rounded as bounds")
     return format(float(exact.quantize(quantum, rounding=rounding, context=_EXACT)), spec)
+
+
+def bound_cell(value: float | None, spec: str) -> str | None:
+    """An upper bound (an epsilon, a delta) in a table: rounded up, "∞" where no finite bound holds,
+    None where there is none (the table shows its own blank)."""
+    if value is None:
+        return None
+    return "∞" if math.isinf(value) else up(value, spec)
+
+
+def percent(x: float) -> str:
+    """A probability given as a level, not a bound (an FPR of 0.01 is "1%", a prior of 0.5 "50%")."""
+    return f"{100 * x:g}%"

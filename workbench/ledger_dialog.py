@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from PySide6.QtGui import QColor, QFont
@@ -29,10 +28,8 @@ COUNTED = {"composed": "composed exactly (PLD)", "added": "added (ε, δ)", "unb
 
 
 def number(value: float | None, fmt: str) -> str:
-    """A run's epsilon or delta in the ledger: an upper bound, rounded up (engine.rounding)."""
-    if value is None:
-        return "–"
-    return "∞" if math.isinf(value) else rounding.up(value, fmt)
+    """A run's epsilon or delta in the ledger: an upper bound, rounded up (engine.rounding.bound_cell)."""
+    return rounding.bound_cell(value, fmt) or "–"
 
 
 class LedgerDialog(QDialog):

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from engine.rounding import percent
+
 __all__ = ["MembershipAudit", "TheoryCheck", "auc", "membership_audit", "not_measurable", "restated",
            "roc_curve", "theory_check_short", "theory_check_text", "tpr_at_fpr"]
 
@@ -157,16 +159,12 @@ def tpr_at_fpr(*, member_scores, nonmember_scores, fpr: float) -> float:
     return float(_tpr_rows(m, n, float(fpr)))
 
 
-def _percent(x: float) -> str:
-    return f"{100 * x:g}%"
-
-
 def not_measurable(level: float, nonmembers: int) -> str | None:
     """Why TPR at FPR `level` cannot be measured from `nonmembers` held-out examples, None when it can:
     below FPR 1 / nonmembers the only rule left is FPR 0, where a bootstrap interval is not valid."""
     if level * nonmembers >= 1.0 - 1e-9:
         return None
-    return (f"not measurable with {nonmembers:,} non-members (FPR {_percent(level)} needs at least "
+    return (f"not measurable with {nonmembers:,} non-members (FPR {percent(level)} needs at least "
             f"{math.ceil(1.0 / level - 1e-9):,})")
 
 
@@ -176,7 +174,7 @@ def _resolution_words(theory: dict) -> str | None:
     resolution = theory.get("resolution")
     if not resolution:
         return None
-    at = f"at FPR {_percent(resolution['fpr'])}"
+    at = f"at FPR {percent(resolution['fpr'])}"
     if resolution["tpr"] >= 1.0:
         return f"no TPR {at} would have been flagged"
     return f"only a TPR above {100 * resolution['tpr']:.3g}% {at} would have been flagged"

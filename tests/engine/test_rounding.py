@@ -75,3 +75,9 @@ def test_the_reports_tables_round_a_bound_up_and_other_numbers_to_nearest():
     assert "<td>24.3497</td>" in html  # to nearest: 24.3496, below the bound
     assert "<td>11.6003</td>" in html and "<td>0.952</td>" in html  # an estimate, a figure: to nearest
     assert "<td>2.31141</td>" in _table({"epsilon": 2.311401}) and "<td>2.3114</td>" in _table({"x": 2.311401})
+
+
+def test_a_bound_in_a_table_is_rounded_up_infinite_or_absent():
+    assert rounding.bound_cell(2.31141, ".4g") == "2.312" and rounding.bound_cell(1e-5, ".3g") == "1e-05"
+    assert rounding.bound_cell(math.inf, ".4g") == "∞" and rounding.bound_cell(None, ".4g") is None
+    assert rounding.percent(0.01) == "1%" and rounding.percent(0.001) == "0.1%"
