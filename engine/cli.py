@@ -705,13 +705,15 @@ def show(run_ref: str, db: Path | None, as_json: bool, include_teacher_stats: bo
         click.echo(f"  tags           {', '.join(run_row['tags'])}")
     if run_row.get("notes"):
         click.echo(f"  notes          {run_row['notes']}")
+    if data_split := store.plan_event(run_row["id"]).get("data_split"):
+        click.echo(f"  data split     {data_split}")
     click.echo(f"  rows           {info['rows']}")
     for art in info["artifacts"]:
         click.echo(f"  artifact       {art['kind']}: {art['path']}")
-    from engine.config import fields_used
+    from engine.settings_in_effect import settings_in_effect
 
     config = run_row["config"]
-    used = set(fields_used(config.get("mechanism", ""), config.get("aggregator")))
+    used = set(settings_in_effect(config))
     click.echo("config (the settings this run uses; --json has all):")
     for key, value in config.items():
         if key in used:

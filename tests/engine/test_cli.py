@@ -181,6 +181,10 @@ def test_run_list_and_show_on_a_tiny_real_run(tmp_path):
 
     shown = json.loads(dpw("show", "tiny", "--db", db, "--json").stdout)
     assert shown["run"]["id"] == 1 and shown["rows"]["privacy"] > 0 and shown["artifacts"]
+    text = dpw("show", "tiny", "--db", db).stdout  # the split it drew; only the settings in effect
+    assert "  data split     per-example split: test_fraction=0.2, seed=0\n" in text
+    assert "  test_fraction = 0.2\n" in text and "  seed = 0\n" in text
+    assert "label_column" not in text and "momentum" not in text and "classes" not in text
 
     artifacts = tmp_path / "r-artifacts" / "run-1"  # named after the store, r.sqlite
     assert artifacts.is_dir()
