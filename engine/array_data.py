@@ -412,8 +412,9 @@ def take_rows(x: Any, rows: Any) -> Any:
 
 def image_dataset(*, name: str, source: RowSource, y: np.ndarray, train_rows: np.ndarray | None,
                   test: "MappedRows", y_test: np.ndarray, class_names: Sequence[str], fingerprint: str, origin: str,
-                  split: str):
-    """A `Dataset` whose inputs are read on demand (labels are in memory: 8 bytes per example)."""
+                  split: str, train_ids: np.ndarray | None = None):
+    """A `Dataset` whose inputs are read on demand (labels are in memory: 8 bytes per example);
+    `train_ids`: the training rows' identity digests where the split computed them (Dataset.train_ids)."""
     import torch
 
     from engine.datasets import IMAGE, Dataset
@@ -437,6 +438,7 @@ def image_dataset(*, name: str, source: RowSource, y: np.ndarray, train_rows: np
         class_names=tuple(class_names),
         source=origin,
         split=split,
+        train_ids=train_ids,
     )
 
 
@@ -481,10 +483,11 @@ def load_mapped_arrays(x: np.memmap, y: np.ndarray, x_test: np.memmap | None, y_
     if x_test is None:
         y_enc, class_names = encode_labels(y, what=f"{where}, y")
         _need_two_classes(class_names, what=f"{where}, y")
-        train, test = split.draw(MappedRows(source), y_enc, what=where)
+        train, test, ids = split.draw(MappedRows(source), y_enc, what=where)
         return image_dataset(name=name, source=source, y=y_enc[train], train_rows=train,
                              test=MappedRows(source, test), y_test=y_enc[test], class_names=class_names,
-                             fingerprint=fingerprint, origin=origin, split=split.text)
+                             fingerprint=fingerprint, origin=origin, split=split.text,
+                             train_ids=None if ids is None else ids[train])
     y_test = _labels_1d(np.asarray(y_test), path=path, key="y_test")
     if test_source.shape[1:] != source.shape[1:]:
         raise DataError(f"{where}: x_test examples have shape {test_source.shape[1:]} but x examples have "

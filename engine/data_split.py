@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import ConfigError, DataError
-from engine.example_hash import HASH_RANGE, hash_key, keyed_hashes, keyed_hashes_of
+from engine.example_hash import HASH_RANGE, hash_key, identity_digests, keyed_hashes_of
 
 SPLIT_BY_EXAMPLE = "by-example"
 SPLIT_STRATIFIED = "stratified"
@@ -61,23 +61,28 @@ class SplitRequest:
         kind = "per-example split" if self.rule == SPLIT_BY_EXAMPLE else "stratified split"
         return f"{kind}: test_fraction={self.test_fraction}, seed={self.seed}"
 
-    def draw(self, examples: Any, y: np.ndarray, *, what: str) -> tuple[np.ndarray, np.ndarray]:
-        """(train_indices, test_indices), each sorted, of `examples` (rows, identified as
-        engine.example_hash says) with labels `y`; a DataError naming `what` when a side is empty."""
+    def draw(self, examples: Any, y: np.ndarray, *, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(train_indices, test_indices, identities): the indices each sorted, of `examples` (rows,
+        identified as engine.example_hash says) with labels `y`, and every row's identity digest
+        (SPLIT_BY_EXAMPLE; None for SPLIT_STRATIFIED), which the dataset keeps for a training subset.
+        A DataError naming `what` when a side is empty."""
+        ids = None
         if self.rule == SPLIT_BY_EXAMPLE:
-            train, test = example_split(examples, test_fraction=self.test_fraction, seed=self.seed)
+            ids = identity_digests(examples)
+            train, test = example_split(ids, test_fraction=self.test_fraction, seed=self.seed)
         else:
             train, test = stratified_split(y, test_fraction=self.test_fraction, seed=self.seed)
         if len(train) == 0 or len(test) == 0:
             raise DataError(f"{what}: {len(y)} examples are too few to split with test_fraction={self.test_fraction} "
                             f"({len(train)} train, {len(test)} test); add examples or change test_fraction")
-        return train, test
+        return train, test, ids
 
 
-def example_split(examples: Any, *, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """SPLIT_BY_EXAMPLE: an example is a test example when its keyed hash, as a fraction of the hash
-    range, is below test_fraction. (train_indices, test_indices), each sorted ascending."""
-    share = keyed_hashes(examples, key=hash_key(seed, _TEST_SIDE)).astype(np.float64) / HASH_RANGE
+def example_split(identities: np.ndarray, *, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """SPLIT_BY_EXAMPLE: an example is a test example when the keyed hash of its identity digest
+    (engine.example_hash.identity_digests), as a fraction of the hash range, is below test_fraction.
+    (train_indices, test_indices), each sorted ascending."""
+    share = keyed_hashes_of(identities, key=hash_key(seed, _TEST_SIDE)).astype(np.float64) / HASH_RANGE
     is_test = share < float(test_fraction)
     return np.flatnonzero(~is_test), np.flatnonzero(is_test)
 

@@ -462,6 +462,7 @@ def _image_dataset(
     fingerprint: str,
     source: str,
     split: str,
+    train_ids: np.ndarray | None = None,
 ) -> Dataset:
     # Fixed, data-independent constants: statistics of the private training split would be
     # released with the model without any privacy guarantee.
@@ -474,7 +475,7 @@ def _image_dataset(
         kind=IMAGE,
         x_train=_image_tensor(x_train, mean, std),
         y_train=torch.from_numpy(np.ascontiguousarray(y_train, dtype=np.int64)),
-        train_ids=identity_digests(x_train),
+        train_ids=train_ids if train_ids is not None else identity_digests(x_train),
         x_test=_image_tensor(x_test, mean, std),
         y_test=torch.from_numpy(np.ascontiguousarray(y_test, dtype=np.int64)),
         input_shape=tuple(x_train.shape[1:]),
@@ -512,6 +513,7 @@ def _table_dataset(
     feature_names: Sequence[str] | None = None,
     train_rows: np.ndarray | None = None,
     test_rows: np.ndarray | None = None,
+    train_ids: np.ndarray | None = None,
 ) -> Dataset:
     """A table dataset. With `train_rows`/`test_rows`, x_train and x_test are the same full array
     and the rows select each split (no copy of the float64 data is made)."""
@@ -527,7 +529,8 @@ def _table_dataset(
         kind=TABLE,
         x_train=torch.from_numpy(transform.apply(x_train, train_rows)),
         y_train=torch.from_numpy(np.ascontiguousarray(y_train, dtype=np.int64)),
-        train_ids=identity_digests(x_train if train_rows is None else x_train[train_rows]),
+        train_ids=train_ids if train_ids is not None else
+        identity_digests(x_train if train_rows is None else x_train[train_rows]),
         x_test=torch.from_numpy(transform.apply(x_test, test_rows)),
         y_test=torch.from_numpy(np.ascontiguousarray(y_test, dtype=np.int64)),
         input_shape=(x_train.shape[1],),
@@ -871,7 +874,7 @@ def _load_digits(info: DatasetInfo, *, split: SplitRequest, **_: object) -> Data
     raw = np.asarray(bunch.images, dtype=np.float64)  # (1797, 8, 8), values 0..16
     y = np.asarray(bunch.target, dtype=np.int64)
     x = (raw / 16.0)[:, None].astype(np.float32)
-    train, test = split.draw(raw, y, what=info.name)
+    train, test, _ = split.draw(raw, y, what=info.name)
     return _image_dataset(
         name=info.name,
         x_train=x[train],
@@ -895,7 +898,7 @@ def _load_breast_cancer(info: DatasetInfo, *, split: SplitRequest, scaling: _Sca
     names = tuple(str(n) for n in bunch.feature_names)
     if not scaling.bounds.named and scaling.bounds.default is None:
         scaling = dataclasses.replace(scaling, bounds=_published_ranges(bunch.DESCR, names))
-    train, test = split.draw(x, y, what=info.name)
+    train, test, _ = split.draw(x, y, what=info.name)
     return _table_dataset(
         name=info.name,
         x_train=x[train],
@@ -938,7 +941,7 @@ def _load_csv(path: Path, *, label_column: str, split: SplitRequest, scaling: _S
     table = read_csv_table(path, label_column=label_column, progress=progress)
     y, class_names = _encode_labels(table.labels, what=f"{path}, column {label_column!r}")
     _need_two_classes(class_names, what=f"{path}, column {label_column!r}")
-    train, test = split.draw(table.features, y, what=str(path))
+    train, test, ids = split.draw(table.features, y, what=str(path))
     return _table_dataset(
         name=path.name,
         x_train=table.features,
@@ -953,6 +956,7 @@ def _load_csv(path: Path, *, label_column: str, split: SplitRequest, scaling: _S
         feature_names=table.feature_names,
         train_rows=train,
         test_rows=test,
+        train_ids=None if ids is None else ids[train],
     )
 
 
@@ -1045,10 +1049,12 @@ def _load_npz(path: Path, *, split: SplitRequest, scaling: _ScalingRequest) -> D
         x_te = _as_image(x_test, path=path, key="x_test") if is_image else _as_table(x_test, path=path, key="x_test")
         x_tr, y_tr, y_te = x, y_enc, y_test_enc
         split_text = f"train/test arrays from the file ({len(y_tr)}/{len(y_te)})"
+        train_ids = None
     else:
-        train, test = split.draw(x, y_enc, what=str(path))
+        train, test, ids = split.draw(x, y_enc, what=str(path))
         x_tr, y_tr, x_te, y_te = x[train], y_enc[train], x[test], y_enc[test]
         split_text = split.text
+        train_ids = None if ids is None else ids[train]
     build = _image_dataset if is_image else functools.partial(_table_dataset, scaling=scaling)
     return build(
         name=path.name,
@@ -1060,6 +1066,7 @@ def _load_npz(path: Path, *, split: SplitRequest, scaling: _ScalingRequest) -> D
         fingerprint=fingerprint,
         source=str(path.absolute()),
         split=split_text,
+        train_ids=train_ids,
     )
 
 

@@ -307,8 +307,9 @@ def load_image_folder(folder: Path, *, split: SplitRequest, checked_before: Coll
     _need_two_classes(classes, what=str(folder))
     source = ImageFileRows(files, name=str(folder))
     fingerprint = source.checked_fingerprint(root=folder, checked_before=checked_before)
-    train, test = split.draw(MappedRows(source), y, what=str(folder))
+    train, test, ids = split.draw(MappedRows(source), y, what=str(folder))
     return image_dataset(name=folder.name, source=source, y=y[train], train_rows=train,
                          test=MappedRows(source, test), y_test=y[test], class_names=classes,
                          fingerprint=fingerprint,
-                         origin=str(folder.absolute()), split=split.text)
+                         origin=str(folder.absolute()), split=split.text,
+                         train_ids=None if ids is None else ids[train])
