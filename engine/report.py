@@ -241,7 +241,8 @@ def split_caveat(run: dict[str, Any], plan: dict[str, Any]) -> str | None:
         if subset:
             return text + (", but can swap one example of the training subset for another: for the data as given, "
                            "the guarantee is the group bound for 2 rows above.")
-        return text + ", so the guarantee holds for the data as given."
+        return text + (", so the guarantee protects each training example as part of the data given, not only of "
+                       "the split drawn from it.")
     dataset = str(run.get("dataset") or "")
     split_here = not has_published_test_split(dataset) and (dataset.lower().endswith(".csv") or "/" not in dataset
                                                             and not dataset.lower().endswith(".npz"))
