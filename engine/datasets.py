@@ -898,7 +898,7 @@ def _load_breast_cancer(info: DatasetInfo, *, split: SplitRequest, scaling: _Sca
     names = tuple(str(n) for n in bunch.feature_names)
     if not scaling.bounds.named and scaling.bounds.default is None:
         scaling = dataclasses.replace(scaling, bounds=_published_ranges(bunch.DESCR, names))
-    train, test, _ = split.draw(x, y, what=info.name)
+    train, test, ids = split.draw(x, y, what=info.name)
     return _table_dataset(
         name=info.name,
         x_train=x[train],
@@ -911,6 +911,7 @@ def _load_breast_cancer(info: DatasetInfo, *, split: SplitRequest, scaling: _Sca
         split=split.text,
         scaling=scaling,
         feature_names=names,
+        train_ids=None if ids is None else ids[train],
     )
 
 

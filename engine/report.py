@@ -229,7 +229,7 @@ def split_caveat(run: dict[str, Any], plan: dict[str, Any]) -> str | None:
     """What one example more or less in the user's data does to the examples the run trained on
     (engine.data_split), where the run drew its split or a training subset; None where it did not."""
     from engine.data_split import SPLIT_BY_EXAMPLE
-    from engine.datasets import has_published_test_split
+    from engine.datasets import has_published_test_split, is_registered
 
     drawn = str(plan.get("data_split") or "")
     subset = (run.get("config") or {}).get("train_subset") is not None and "training subset" in drawn
@@ -244,8 +244,9 @@ def split_caveat(run: dict[str, Any], plan: dict[str, Any]) -> str | None:
         return text + (", so the guarantee protects each training example as part of the data given, not only of "
                        "the split drawn from it.")
     dataset = str(run.get("dataset") or "")
-    split_here = not has_published_test_split(dataset) and (dataset.lower().endswith(".csv") or "/" not in dataset
-                                                            and not dataset.lower().endswith(".npz"))
+    # Drawn for certain: a CSV file, or a registered dataset without test files (an .npz or a folder
+    # may hold test arrays of its own, which a run before the rule did not record).
+    split_here = dataset.lower().endswith(".csv") or (is_registered(dataset) and not has_published_test_split(dataset))
     if not plan or not (split_here or (run.get("config") or {}).get("train_subset") is not None):
         return None
     return ("This run drew its training examples by a seeded permutation of the whole data, as runs did before "
