@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from engine.publication import NO_GUARANTEE_IN_SHORT, carries_guarantee, no_guarantee_reason, publishable_epsilon
+from engine.rounding import percent_up
 
 BASIS_PLD = "DP-SGD: pessimistic PLD of the Poisson-subsampled Gaussian over the steps taken"
 BASIS_RDP_STATISTICS = ("DP-SGD with DP feature statistics: RDP of the training steps composed with the "
@@ -139,22 +140,6 @@ def _pate_profile(run: dict[str, Any]):
 
     orders, curve = pate_data_independent_rdp(run)
     return risk.rdp_privacy_profile(orders=orders, rdp=curve), BASIS_PATE_DI
-
-
-def round_up(x: float, digits: int = 2) -> str:
-    """x to `digits` significant digits, rounded up (a bound is never shown smaller than it is)."""
-    import math
-
-    if not math.isfinite(x) or x <= 0:
-        return f"{x:g}"
-    decimals = digits - 1 - math.floor(math.log10(x))
-    up = math.ceil(x * 10.0**decimals * (1 - 1e-9)) / 10.0**decimals  # ignore ulp-level safety margins
-    return f"{up:.{max(decimals, 0)}f}"
-
-
-def percent_up(x: float, digits: int = 2) -> str:
-    """A probability bound as a percentage, rounded up: 0.0412 -> "4.2%", capped at "100%"."""
-    return "100%" if x >= 1.0 else (f"{round_up(100 * x, digits)}%" if x > 0 else "0%")
 
 
 def attacker_statements(figures) -> list[str]:

@@ -107,7 +107,7 @@ def privacy_risk(sample_rate: float, noise_multiplier: float, steps: int, delta:
 
 def _percent_up(x: float) -> str:
     """A probability bound as a percentage to 3 significant digits, rounded up."""
-    from engine.attack_risk import percent_up
+    from engine.rounding import percent_up
 
     return percent_up(x, 3)
 

@@ -202,9 +202,9 @@ GROUP_SIZES = (2, 3, 5)
 
 def _bound(x: float, digits: int) -> str:
     """A bound to `digits` significant digits, rounded up, without trailing zeros: 0.0002919 -> "0.0003"."""
-    from engine.attack_risk import round_up
+    from engine.rounding import significant_up
 
-    return f"{float(round_up(x, digits)):.{digits}g}"
+    return f"{float(significant_up(x, digits)):.{digits}g}"
 
 
 def group_privacy_caveat(run: dict[str, Any]) -> str:

@@ -48,6 +48,40 @@ def bound_cell(value: float | None, spec: str) -> str | None:
     return "∞" if math.isinf(value) else up(value, spec)
 
 
+def significant_up(value: float, digits: int = 2) -> str:
+    """An upper bound to `digits` significant digits in plain notation, rounded up: 0.0412 -> "0.042",
+    4 -> "4.0", 99.91 -> "100", 412 -> "420"."""
+    return _plain(Decimal(repr(float(value))), digits, ROUND_CEILING)
+
+
+def percent_up(x: float, digits: int = 2) -> str:
+    """A probability bound as a percentage, rounded up and capped at "100%": 0.0412 -> "4.2%". Scaled in
+    decimal, so 0.041 stays "4.1%" (100 * 0.041 in floats is 4.1000000000000005)."""
+    return _percent_bound(x, digits, ROUND_CEILING)
+
+
+def percent_down(x: float, digits: int = 2) -> str:
+    """A lower bound on a probability as a percentage, rounded down: 0.0419 -> "4.1%"."""
+    return _percent_bound(x, digits, ROUND_FLOOR)
+
+
+def _percent_bound(x: float, digits: int, rounding: str) -> str:
+    x = float(x)
+    if math.isnan(x):
+        return "nan%"
+    if x >= 1.0:
+        return "100%"
+    return f"{_plain(Decimal(repr(x)) * 100, digits, rounding)}%" if x > 0 else "0%"
+
+
+def _plain(exact: Decimal, digits: int, rounding: str) -> str:
+    if not exact.is_finite() or exact <= 0:
+        return f"{float(exact):g}"
+    quantum = Decimal(1).scaleb(exact.adjusted() - max(digits, 1) + 1)
+    rounded = exact.quantize(quantum, rounding=rounding, context=_EXACT)
+    return format(rounded, "f")
+
+
 def percent(x: float) -> str:
     """A probability given as a level, not a bound (an FPR of 0.01 is "1%", a prior of 0.5 "50%")."""
     return f"{100 * x:g}%"

@@ -43,9 +43,9 @@ from PySide6.QtWidgets import (
 )
 
 from engine import rounding
-from engine.attack_risk import percent_up
 from engine.audit.membership import not_measurable, theory_check_text
 from engine.audit_job import MEMBERSHIP_AUDIT_KEY
+from engine.rounding import percent_down, percent_up
 from workbench.plots import Plot, set_curve
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,6 +100,11 @@ def _percent(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.3g}%"
 
 
+def _bound_percent(x: float | None, rounded: Callable[[float, int], str]) -> str:
+    """A bound in the banner, rounded toward the safe side (an upper bound up, a lower bound down)."""
+    return "—" if x is None else rounded(x, 3)
+
+
 def audit_figure(*, theory: dict[str, Any] | None, audit: dict[str, Any] | None,
                  canaries: dict[str, Any] | None) -> AuditFigure:
     """The figure of one run from the engine's JSON: `theory` (engine.attack_risk's RunAttackRisk.to_json,
@@ -138,8 +143,9 @@ def audit_figure(*, theory: dict[str, Any] | None, audit: dict[str, Any] | None,
             worst = check.get("worst") or {}
             banner = ("BUG OR BROKEN ASSUMPTION: the attack's ROC lies above the best test this guarantee allows, "
                       f"beyond its {100 * check.get('confidence', mia['confidence']):g}% band (at FPR up to "
-                      f"{_percent(worst.get('fpr_upper'))} its TPR is at least {_percent(worst.get('tpr_lower'))}, "
-                      f"the bound is {_percent(worst.get('theory_tpr'))}). Do not publish this ε until this is "
+                      f"{_bound_percent(worst.get('fpr_upper'), percent_up)} its TPR is at least "
+                      f"{_bound_percent(worst.get('tpr_lower'), percent_down)}, the bound is "
+                      f"{_bound_percent(worst.get('theory_tpr'), percent_up)}). Do not publish this ε until this is "
                       "explained: the model may have seen data the accounting left out, or the accounting is wrong.")
 
     canary_note = "No canaries in this run (set audit_canaries to audit it in one run)."

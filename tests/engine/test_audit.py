@@ -328,7 +328,8 @@ def test_pate_risk_comes_from_the_data_independent_curve_and_says_so(tmp_path, m
 def test_report_says_what_the_epsilon_means_for_an_attacker_in_json_html_and_pdf(digits_runs, tmp_path):
     import os
 
-    from engine.attack_risk import attacker_statements, percent_up
+    from engine.attack_risk import attacker_statements
+    from engine.rounding import percent_up
     from engine.report import build_report, write_report
 
     store, ids = digits_runs

@@ -51,6 +51,28 @@ def test_a_bound_as_text(value, spec, up, down):
     assert rounding.up(value, spec) == up and rounding.down(value, spec) == down
 
 
+@pytest.mark.parametrize("x, up, down", [
+    (0.0412, "4.2%", "4.1%"),
+    (0.041, "4.1%", "4.1%"),  # scaled in decimal: 100 * 0.041 in floats is 4.1000000000000005
+    (0.0410000001, "4.2%", "4.1%"),  # just above a shown value: up, not to nearest
+    (0.05, "5.0%", "5.0%"),
+    (0.9991, "100%", "99%"),
+    (1.0, "100%", "100%"),
+    (0.0, "0%", "0%"),
+])
+def test_a_probability_bound_as_a_percentage(x, up, down):
+    assert rounding.percent_up(x) == up and rounding.percent_down(x) == down
+
+
+def test_a_probability_bound_in_percent_is_never_on_the_unsafe_side():
+    rng = np.random.default_rng(1)
+    for x in map(float, 10.0 ** rng.uniform(-7, 0, 3000)):
+        for digits in (2, 3):
+            assert float(rounding.percent_up(x, digits)[:-1]) >= 100 * x * (1 - 1e-12)
+            assert float(rounding.percent_down(x, digits)[:-1]) <= 100 * x * (1 + 1e-12)
+    assert rounding.significant_up(0.0002911) == "0.00030" and rounding.significant_up(412) == "420"
+
+
 def test_every_epsilon_a_view_states_is_rounded_up(tmp_path):
     from engine.config import RunConfig
     from engine.report import privacy_statement

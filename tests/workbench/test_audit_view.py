@@ -155,6 +155,16 @@ def test_an_attack_above_the_theoretical_curve_raises_the_red_banner(qtbot):
     assert view.banner.isVisibleTo(view) and "Do not publish" in view.banner.text()
 
 
+def test_the_banner_rounds_each_bound_toward_the_safe_side():
+    """The red banner's numbers: the attack's TPR is a lower bound (rounded down), its FPR and the
+    guarantee's TPR are upper bounds (rounded up); rounded to nearest, 0.12345 would read 12.3% either way."""
+    theory, audit = above_the_curve()
+    audit["mia"]["theory"] = dict(audit["mia"]["theory"], worst={"fpr_upper": 0.012345, "tpr_lower": 0.45678,
+                                                                  "theory_tpr": 0.12345})
+    banner = audit_figure(theory=theory, audit=audit, canaries=None).banner
+    assert "at FPR up to 1.24% its TPR is at least 45.6%, the bound is 12.4%" in banner
+
+
 def chance_attack(theory: dict, examples: int, seed: int) -> dict:
     """The audit of an attack no better than chance (members and non-members score alike), checked
     against `theory`'s curve, as a run's kept audit holds it."""

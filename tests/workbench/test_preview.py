@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.attack_risk import dpsgd_profile, percent_up, preview_statement
+from engine.attack_risk import dpsgd_profile, preview_statement
+from engine.rounding import percent_up
 from engine.config import RunConfig
 from engine.privacy.risk import calibrate_noise_multiplier_for_attack, highest_tpr
 from workbench.form_state import DataSize
