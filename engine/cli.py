@@ -7,6 +7,7 @@ Heavy imports (torch) happen only inside the commands that train; `dpw privacy .
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import signal
 import subprocess
@@ -105,10 +106,12 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
         sys.exit(subprocess.call(launch.command(["--data-dir", config.data_dir] if config.data_dir else [])))
     from engine.precheck import check_before_storing
 
-    store = open_store_after_check(
-        db, lambda checked: check_before_storing(config, checked_before=checked), dataset=config.dataset)
-    run_id = store.create_run(config)
-    status = follow_runner(store.path, run_id, as_json=as_json, store=store, launch=launch, summary_follows=True)
+    with StandbyRunner() if not launch.distributed else contextlib.nullcontext() as standby:
+        store = open_store_after_check(
+            db, lambda checked: check_before_storing(config, checked_before=checked), dataset=config.dataset)
+        run_id = store.create_run(config)
+        status = follow_runner(store.path, run_id, as_json=as_json, store=store, launch=launch,
+                               summary_follows=True, standby=standby)
     end_of_run(store, run_id, status, as_json=as_json)
 
 
@@ -162,18 +165,20 @@ def resume(run_ref: str, db: Path | None, as_json: bool, nproc: int) -> None:
     store.reconcile_orphans()  # a run whose runner was killed is marked failed before it is judged
     parent = store.find_run(run_ref)
     parent = resumable(store, parent["id"])
-    checkpoint = load_checkpoint(checkpoint_of(store, parent["id"]))  # readable, before a run is stored
-    store.check_writable()
-    config = RunConfig.from_dict(parent["config"])
-    if launch.distributed:
-        check_distributable(config)
-    prepared = check_before_storing(config, checked_before=store.checked_fingerprints(config.dataset))
-    check_continues(parent, prepared)  # the same data, sample rate and noise
-    run_id = store.create_run(config, resumed_from=parent["id"])
-    if not as_json:
-        click.echo(f"run {run_id}: continues run {parent['id']} ({parent['name']}) from step {checkpoint['step']} "
-                   f"of {parent.get('steps_planned') or '?'}")
-    status = follow_runner(store.path, run_id, as_json=as_json, store=store, launch=launch, summary_follows=True)
+    with StandbyRunner() if not launch.distributed else contextlib.nullcontext() as standby:
+        checkpoint = load_checkpoint(checkpoint_of(store, parent["id"]))  # readable, before a run is stored
+        store.check_writable()
+        config = RunConfig.from_dict(parent["config"])
+        if launch.distributed:
+            check_distributable(config)
+        prepared = check_before_storing(config, checked_before=store.checked_fingerprints(config.dataset))
+        check_continues(parent, prepared)  # the same data, sample rate and noise
+        run_id = store.create_run(config, resumed_from=parent["id"])
+        if not as_json:
+            click.echo(f"run {run_id}: continues run {parent['id']} ({parent['name']}) from step "
+                       f"{checkpoint['step']} of {parent.get('steps_planned') or '?'}")
+        status = follow_runner(store.path, run_id, as_json=as_json, store=store, launch=launch,
+                               summary_follows=True, standby=standby)
     end_of_run(store, run_id, status, as_json=as_json)
 
 
@@ -256,6 +261,45 @@ def runner_command(db_path: Path, run_id: int, launch: Any = None) -> list[str]:
     return [sys.executable, "-m", "engine.runner", *args]
 
 
+class StandbyRunner:
+    """A runner process started before its run is stored (`python -m engine.runner --standby`): it
+    loads torch and the engine while this process checks the config against its data, so a run's
+    start is not two processes' imports one after the other. `hand` gives it the stored run; one
+    never handed a run (the check refused the config, or Ctrl-C) is ended when this closes, having
+    opened no store. Only for a run in one process (not under torchrun)."""
+
+    def __init__(self) -> None:
+        own_group = {"process_group": 0} if sys.platform != "win32" else {}  # as follow_runner's runner
+        self.proc: subprocess.Popen | None = subprocess.Popen(
+            [sys.executable, "-m", "engine.runner", "--standby"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, bufsize=1, **own_group)
+
+    def hand(self, db_path: Path, run_id: int) -> subprocess.Popen:
+        """The process, now executing stored run `run_id` of the store at `db_path`."""
+        proc, self.proc = self.proc, None
+        with contextlib.suppress(OSError):  # it died starting: follow_runner marks the run failed, saying so
+            proc.stdin.write(json.dumps({"run_id": run_id, "db": str(db_path)}) + "\n")
+            proc.stdin.close()
+        return proc
+
+    def close(self) -> None:
+        """End a runner never handed a run at once: it has opened nothing, and a refused config's
+        message should not wait for its imports."""
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        proc.kill()
+        proc.wait()
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+
+    def __enter__(self) -> "StandbyRunner":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 class StopRequests:
     """Ctrl-C, SIGTERM or SIGHUP to this process while it follows runners: remembered (`requested`) and
     passed on (SIGTERM) to the runner being followed, which stops after its current step. A study keeps
@@ -287,14 +331,16 @@ class StopRequests:
 
 
 def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=None, launch: Any = None,
-                  stops: StopRequests | None = None, summary_follows: bool = False) -> str:
+                  stops: StopRequests | None = None, summary_follows: bool = False,
+                  standby: StandbyRunner | None = None) -> str:
     """Start the runner process and render its events until it ends; returns the final status.
     With `summary_follows`, the caller prints the run's summary, which states its error: the run's
     error event is then not printed as well.
     Ctrl-C, SIGTERM or SIGHUP to this process asks the runner to stop after its current step (never
     an orphan runner); `stops`, when given, is already installed and remembers them. With
     `store`, the runner is recorded as the run's owner, and a runner that ended without reporting
-    leaves its run marked failed with the reason before this returns."""
+    leaves its run marked failed with the reason before this returns. `standby`: the runner to hand
+    the run to, already started (else one is started here)."""
     if stops is None:
         stops = StopRequests()
         installed = stops.installed()
@@ -304,8 +350,11 @@ def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=No
     # stop (SIGTERM); a runner still starting never dies of it with a KeyboardInterrupt traceback.
     own_group = {"process_group": 0} if sys.platform != "win32" else {}
     with installed:
-        proc = subprocess.Popen(runner_command(db_path, run_id, launch), stdout=subprocess.PIPE, text=True,
-                                bufsize=1, **own_group)
+        if standby is not None:
+            proc = standby.hand(db_path, run_id)
+        else:
+            proc = subprocess.Popen(runner_command(db_path, run_id, launch), stdout=subprocess.PIPE, text=True,
+                                    bufsize=1, **own_group)
         stops.runner = proc
         if stops.requested:  # asked before the runner existed
             proc.send_signal(signal.SIGTERM)

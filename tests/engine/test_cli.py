@@ -267,6 +267,53 @@ def test_config_that_cannot_train_prints_one_line_and_stores_no_run(tmp_path, co
     assert not db.exists()  # no store file either: the check runs before a new store is created
 
 
+def processes_marked(marker: str) -> list[int]:
+    """The processes whose environment holds `marker` (a test's own children, whatever the other tests run)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker.encode() in (proc / "environ").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads processes' environments from /proc")
+def test_a_refused_config_leaves_no_runner_behind(tmp_path):
+    """dpw run starts the runner on standby while it checks the config: a config refused by the check
+    ends that runner too, at once, and creates no store."""
+    import uuid
+
+    marker = f"DPW_TEST_MARK={uuid.uuid4().hex}"
+    config = tmp_path / "bad.toml"
+    config.write_text('dataset = "digits"\nnoise_multiplier = 1.1\ndelta = 0.01\n')
+    ran = dpw("run", str(config), "--db", str(tmp_path / "r.sqlite"),
+              env={**os.environ, marker.split("=")[0]: marker.split("=")[1]})
+    assert ran.returncode == 1 and "delta: 0.01 is not below 1/N" in ran.stderr
+    assert processes_marked(marker) == [] and not (tmp_path / "r.sqlite").exists()
+
+
+def test_a_runner_on_standby_that_is_handed_no_run_ends_quietly(tmp_path):
+    ended = subprocess.run([sys.executable, "-m", "engine.runner", "--standby"], input="", capture_output=True,
+                           text=True, cwd=tmp_path, timeout=300)
+    assert ended.returncode == 0 and ended.stdout == "" and ended.stderr == ""
+    assert list(tmp_path.iterdir()) == []  # it opened no store
+
+
+def test_a_runner_that_died_on_standby_leaves_its_run_failed_with_the_reason(tmp_path, capsys):
+    from engine.cli import StandbyRunner, follow_runner
+
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = store.create_run(RunConfig(name="never", dataset="digits", noise_multiplier=1.0))
+    standby = StandbyRunner()
+    standby.proc.kill()
+    standby.proc.wait()
+    assert follow_runner(store.path, run_id, store=store, standby=standby) == "failed"
+    run = store.get_run(run_id)
+    assert run["status"] == "failed" and "never started" in run["error"]
+
+
 def test_config_that_cannot_train_stores_no_run_in_an_existing_store(tmp_path):
     from engine.store import Store
 
@@ -446,14 +493,17 @@ def test_ctrl_c_before_training_starts_is_one_line_and_exit_status_130(tmp_path)
     (tmp_path / "big.csv").write_text("x,y,label\n" + rows + "\n")
     config = tmp_path / "c.toml"
     config.write_text(f'dataset = "{tmp_path / "big.csv"}"\nnoise_multiplier = 1.0\nepochs = 1\ndelta = 1e-7\n')
+    marker = f"{time.time_ns()}-{os.getpid()}"
     proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "run", str(config), "--db", str(tmp_path / "r.sqlite")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "DPW_TEST_MARK": marker},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(3.0)  # torch imported, the CSV being read
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, (out, err)
     assert err == "error: interrupted (Ctrl-C) before any training started\n" and "Aborted" not in out + err
+    assert processes_marked(f"DPW_TEST_MARK={marker}") == []  # the runner on standby ended with it
 
 
 def test_an_error_the_store_could_not_record_is_printed_by_dpw_run(tmp_path, capsys):
