@@ -302,7 +302,7 @@ def test_a_runner_on_standby_that_is_handed_no_run_ends_quietly(tmp_path):
 
 
 def test_a_runner_that_died_on_standby_leaves_its_run_failed_with_the_reason(tmp_path, capsys):
-    from engine.cli import StandbyRunner, follow_runner
+    from engine.cli_follow import StandbyRunner, follow_runner
 
     store = Store(tmp_path / "runs.sqlite")
     run_id = store.create_run(RunConfig(name="never", dataset="digits", noise_multiplier=1.0))
@@ -384,7 +384,7 @@ def test_the_progress_bar_shows_the_epsilon_the_run_reports_not_the_live_bound()
     """DP-SGD streams a looser live RDP bound every step besides its reported accountant (here pld), and PATE
     its data-dependent epsilon (not publishable) besides the data-independent one: the bar shows only the
     plan's accountant, so it never reads above a target the run meets, nor a number not to publish."""
-    from engine.cli import ProgressDisplay
+    from engine.cli_follow import ProgressDisplay
 
     bar = ProgressDisplay()
     bar.handle({"type": "plan", "run_id": 1, "num_train": 10, "model": "mlp", "device": "cpu", "steps": 3,
@@ -512,7 +512,7 @@ def test_an_error_the_store_could_not_record_is_printed_by_dpw_run(tmp_path, cap
     read from the store that could not record it, said only "running"."""
     import io
 
-    from engine.cli import _render_runner
+    from engine.cli_follow import _render_runner
     from engine.config import RunConfig
     from engine.events import encode, make_event
     from engine.store import Store
