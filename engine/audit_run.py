@@ -156,7 +156,7 @@ def _split(store, run: dict[str, Any], data_dir: str | None):
         config.dataset, data_dir=data_dir or config.data_dir, label_column=config.label_column,
         test_fraction=config.test_fraction, seed=config.seed, allow_download=False,
         normalization=config.normalization, feature_bounds=config.feature_bounds, classes=config.classes,
-        checked_before=store.checked_fingerprints(config.dataset), split_rule=rule,
+        test_data=config.test_data, checked_before=store.checked_fingerprints(config.dataset), split_rule=rule,
     )
     if config.train_subset is not None and config.train_subset < data.num_train:
         data = train_subset(data, config.train_subset, seed=config.seed, split_rule=rule)

@@ -114,6 +114,16 @@ class RunConfig:
         optional=True,
         group="data",
     )
+    test_data: str | None = _spec(
+        None,
+        label="Test data",
+        help="A CSV file of held-out examples with the dataset's columns: the test split (and PATE's public "
+        "pool) instead of one drawn from the dataset, so every row of the dataset trains and is protected. "
+        "Only for a CSV dataset. Unset: test_fraction of the dataset is held out.",
+        kind=str,
+        optional=True,
+        group="data",
+    )
     test_fraction: float = _spec(
         0.2,
         label="Test fraction",
@@ -570,7 +580,7 @@ class RunConfig:
 
     def with_paths_from(self, folder: str | Path) -> "RunConfig":
         """Relative paths in a config file are the file's folder's: a relative data_dir, and a dataset
-        path that exists there (a registered dataset's name stays a name; a path found only from the
+        or test_data path that exists there (a registered dataset's name stays a name; a path found only from the
         working folder is kept as given, as configs written before this rule meant it). Absolute
         paths are stored with the run, so the run's data is found again from any folder."""
         changes = paths_from_file(self.to_dict(), folder)
@@ -668,9 +678,10 @@ def paths_from_file(values: dict[str, Any], folder: str | Path) -> dict[str, Any
     data_dir, dataset = values.get("data_dir"), values.get("dataset")
     if isinstance(data_dir, str) and data_dir and not Path(data_dir).expanduser().is_absolute():
         changes["data_dir"] = str((folder / data_dir).resolve())
-    if (isinstance(dataset, str) and dataset and dataset not in DATASETS
-            and not Path(dataset).expanduser().is_absolute() and (folder / Path(dataset).expanduser()).exists()):
-        changes["dataset"] = str((folder / Path(dataset).expanduser()).resolve())
+    for name, path in (("dataset", None if dataset in DATASETS else dataset), ("test_data", values.get("test_data"))):
+        if (isinstance(path, str) and path and not Path(path).expanduser().is_absolute()
+                and (folder / Path(path).expanduser()).exists()):
+            changes[name] = str((folder / Path(path).expanduser()).resolve())
     return changes
 
 
@@ -859,6 +870,7 @@ def _data_errors(values: dict[str, Any]) -> list[ConfigError]:
             parse(values.get(name))
         except ConfigError as exc:
             errors.append(exc)
+    errors.extend(_test_data_errors(values.get("test_data"), values.get("dataset")))
     if values.get("normalization") == "dp" and values.get("mechanism") != "dpsgd":
         errors.append(
             ConfigError(
@@ -868,6 +880,21 @@ def _data_errors(values: dict[str, Any]) -> list[ConfigError]:
             )
         )
     return errors
+
+
+def _test_data_errors(test_data: str | None, dataset: Any) -> list[ConfigError]:
+    """A separate test file is a CSV table beside a CSV dataset (an .npz holds its own x_test and y_test,
+    a registered dataset has its published test split)."""
+    if test_data is None:
+        return []
+    if not test_data.strip().lower().endswith(".csv"):
+        return [ConfigError("test_data", f"{test_data!r} is not a .csv file",
+                            hint="give a CSV file of held-out examples with the dataset's columns")]
+    if not str(dataset or "").strip().lower().endswith(".csv"):
+        return [ConfigError("test_data", f"only a CSV dataset reads a separate test file, not {dataset!r}",
+                            hint="an .npz holds its own x_test and y_test, a folder x_test.npy and y_test.npy, "
+                            "and a registered dataset has its own test split; leave test_data unset")]
+    return []
 
 
 def _pate_errors(values: dict[str, Any]) -> list[ConfigError]:

@@ -27,10 +27,10 @@ or (`normalization="exact"`) by the train split's own statistics, which the priv
 not covered by the guarantee; `normalization["source"]` says which. `Dataset.normalize(x_raw)`
 applies exactly this.
 
-Datasets without a standard test split (built-ins, CSV, NPZ without `x_test`, folders) are split
-per example (engine.data_split): each example's side is a keyed hash of the example, so one example
-more or less changes the training split by that example only, and the same seed gives the same
-split on any machine.
+Datasets without a test split of their own (built-ins, CSV without `test_data`, NPZ without `x_test`,
+folders) are split per example (engine.data_split): each example's side is a keyed hash of the
+example, so one example more or less changes the training split by that example only, and the same
+seed gives the same split on any machine.
 """
 
 from __future__ import annotations
@@ -280,11 +280,13 @@ def load_dataset(
     checked_before: Collection[str] = (),
     split_rule: str = SPLIT_BY_EXAMPLE,
     classes: str | None = None,
+    test_data: str | Path | None = None,
 ) -> Dataset:
     """Load a registered dataset by name, or a user's `.csv` / `.npz` file by path.
 
-    `test_fraction` and `seed` apply only where the data has no standard test split (built-ins,
-    CSV, NPZ without x_test/y_test); `label_column` only to CSV; `data_dir` and `allow_download`
+    `test_fraction` and `seed` apply only where the data has no test split of its own (built-ins,
+    CSV without `test_data`, NPZ without x_test/y_test); `label_column` and `test_data` (a CSV file of
+    held-out examples with the same columns, the test split) only to CSV; `data_dir` and `allow_download`
     only to registered datasets that need files. `normalization`, `feature_bounds` (and for "dp"
     `statistics_noise_multiplier` and the run's secret generator `rng`) say how tables are scaled
     (engine.feature_scaling); images always use fixed constants. `progress(rows_done, rows_total)`
@@ -312,7 +314,8 @@ def load_dataset(
         )
 
     data = _load_path(Path(name_or_path).expanduser(), label_column=label_column, split=split, scaling=scaling,
-                      progress=progress, checked_before=checked_before)
+                      progress=progress, checked_before=checked_before,
+                      test_data=None if test_data is None else Path(test_data).expanduser())
     return data if declared is None else with_declared_classes(data, declared)
 
 
@@ -327,8 +330,9 @@ def with_declared_classes(data: Dataset, declared: Sequence[str]) -> Dataset:
 
 
 def _load_path(path: Path, *, label_column: str, split: SplitRequest, scaling: _ScalingRequest,
-               progress: Callable[[int, int], None] | None, checked_before: Collection[str]) -> Dataset:
-    """A user's data: a .csv or .npz file, or a folder (arrays or images)."""
+               progress: Callable[[int, int], None] | None, checked_before: Collection[str],
+               test_data: Path | None = None) -> Dataset:
+    """A user's data: a .csv (with its test file, if given) or .npz file, or a folder (arrays or images)."""
     name_or_path = str(path)
     suffix = path.suffix.lower()
     if path.is_dir() and suffix not in (".csv", ".npz"):
@@ -343,7 +347,7 @@ def _load_path(path: Path, *, label_column: str, split: SplitRequest, scaling: _
             raise DataError(f"{path}: is a folder, not a {suffix} file; give the path of the file itself")
         if suffix == ".csv":
             return _load_csv(path, label_column=label_column, split=split,
-                             scaling=scaling, progress=progress)
+                             scaling=scaling, progress=progress, test_data=test_data)
         return _load_npz(path, split=split, scaling=scaling)
     if suffix or os.sep in str(name_or_path) or "/" in str(name_or_path):
         raise DataError(
@@ -938,8 +942,10 @@ def _published_ranges(description: str, names: tuple[str, ...]) -> FeatureBounds
 
 
 def _load_csv(path: Path, *, label_column: str, split: SplitRequest, scaling: _ScalingRequest,
-              progress: Callable[[int, int], None] | None = None) -> Dataset:
+              progress: Callable[[int, int], None] | None = None, test_data: Path | None = None) -> Dataset:
     table = read_csv_table(path, label_column=label_column, progress=progress)
+    if test_data is not None:
+        return _csv_with_test_file(path, table, test_data, label_column=label_column, scaling=scaling)
     y, class_names = _encode_labels(table.labels, what=f"{path}, column {label_column!r}")
     _need_two_classes(class_names, what=f"{path}, column {label_column!r}")
     train, test, ids = split.draw(table.features, y, what=str(path))
@@ -958,6 +964,44 @@ def _load_csv(path: Path, *, label_column: str, split: SplitRequest, scaling: _S
         train_rows=train,
         test_rows=test,
         train_ids=None if ids is None else ids[train],
+    )
+
+
+def _csv_with_test_file(path: Path, table: Any, test_path: Path, *, label_column: str,
+                        scaling: _ScalingRequest) -> Dataset:
+    """A CSV dataset whose held-out examples are another CSV file with the same columns: every row of
+    `path` trains. The classes are those of both files (the test file is public; a class only it holds
+    gets its model output). The fingerprint stays the training file's: the private data."""
+    if not test_path.is_file():
+        where = "is a folder, not a .csv file" if test_path.is_dir() else f"file not found (looked at {test_path.absolute()})"
+        raise ConfigError("test_data", f"{test_path}: {where}", hint="give the CSV file of held-out examples")
+    test = read_csv_table(test_path, label_column=label_column)
+    if test.feature_names != table.feature_names:
+        lacks = [c for c in table.feature_names if c not in test.feature_names]
+        extra = [c for c in test.feature_names if c not in table.feature_names]
+        what = (f"lacks {', '.join(map(repr, lacks[:3]))}" if lacks else
+                f"has {', '.join(map(repr, extra[:3]))}, which {path.name} lacks" if extra else
+                "has them in another order")
+        raise ConfigError("test_data", f"{test_path}: its feature columns differ from {path.name}'s (it {what})",
+                          hint="give the held-out examples with the dataset's columns, in its order")
+    numeric = table.labels.dtype.kind in "biuf" and test.labels.dtype.kind in "biuf"
+    both = (np.concatenate([table.labels, test.labels]) if numeric else
+            np.array([*map(str, table.labels), *map(str, test.labels)], dtype=object))
+    y_all, class_names = _encode_labels(both, what=f"{path} and {test_path}, column {label_column!r}")
+    _need_two_classes(class_names, what=f"{path}, column {label_column!r}")
+    rows = len(table.labels)
+    return _table_dataset(
+        name=path.name,
+        x_train=table.features,
+        y_train=y_all[:rows],
+        x_test=test.features,
+        y_test=y_all[rows:],
+        class_names=class_names,
+        fingerprint=table.sha256,
+        source=str(path.absolute()),
+        split=f"test file given: {test_path.absolute()} ({len(test.labels)} examples, sha256 {test.sha256[:16]})",
+        scaling=scaling,
+        feature_names=table.feature_names,
     )
 
 

@@ -208,6 +208,7 @@ def load_run_data(config: RunConfig, *, emit: Emit = _noop, checked_before: Coll
         normalization=config.normalization,
         feature_bounds=config.feature_bounds,
         classes=config.classes,
+        test_data=config.test_data,
         statistics_noise_multiplier=config.normalization_noise_multiplier if dp_statistics else None,
         rng=PrivateRandomness.for_run(config).numpy_generator("normalization_noise") if dp_statistics else None,
         progress=lambda done, total: emit("progress", phase="loading", done=done, total=total),

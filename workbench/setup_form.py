@@ -46,8 +46,9 @@ PREVIEW_LINES = 6  # the preview's fixed height, in lines (longer text scrolls i
 PROBLEM_ROWS = 4  # the problems panel's fixed height, in rows (more scroll inside it)
 NO_PROBLEMS = "Every setting is valid."
 DATA_FILE_FILTER = "Data files (*.csv *.npz);;CSV tables (*.csv);;NumPy arrays (*.npz)"
+TEST_FILE_FILTER = "CSV tables (*.csv)"
 # The settings a file or folder dataset's training and test sizes depend on (besides the data itself).
-SIZE_SETTINGS = ("data_dir", "label_column", "test_fraction", "seed", "train_subset")
+SIZE_SETTINGS = ("data_dir", "label_column", "test_data", "test_fraction", "seed", "train_subset")
 SIZE_READ_DELAY_MS = 400  # a typed path is read once it has not changed for this long
 
 
@@ -275,6 +276,12 @@ class SetupForm(QWidget):
                               "y.npy (read from disk as training goes, so it may be larger than memory)")
             folder.clicked.connect(self._choose_data_folder)
             line.addWidget(folder)
+        elif name == "test_data":
+            browse = QPushButton("File…")
+            browse.setObjectName("chooseTestDataFile")
+            browse.setToolTip("Choose a .csv table of held-out examples with the dataset's columns")
+            browse.clicked.connect(self._choose_test_data_file)
+            line.addWidget(browse)
         elif name == "data_dir":
             browse = QPushButton("Folder…")
             browse.setObjectName("chooseDataDir")
@@ -579,6 +586,13 @@ class SetupForm(QWidget):
                                               DATA_FILE_FILTER)
         if path:
             self.set_value("dataset", path)
+
+    def _choose_test_data_file(self) -> None:
+        start = self._start_folder("test_data") if self.state.texts.get("test_data", "").strip() else \
+            self._start_folder("dataset")  # held-out examples are usually beside the dataset
+        path, _ = QFileDialog.getOpenFileName(self, "Choose the held-out examples (CSV)", start, TEST_FILE_FILTER)
+        if path:
+            self.set_value("test_data", path)
 
     def _choose_data_folder(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Choose a dataset folder (a sub-folder per class, or x.npy "

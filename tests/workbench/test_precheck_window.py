@@ -118,3 +118,28 @@ def test_the_privacy_cost_of_a_folder_dataset_is_previewed_from_its_real_size(wi
     window.form.set_value("test_fraction", "0.25")  # another size: read again, and refused
     qtbot.waitUntil(lambda: "Cannot read the dataset" in preview.text(), timeout=60_000)
     assert "3.png: cannot be read as an image" in preview.text()
+
+
+def test_a_csv_with_a_test_file_chosen_by_its_button_previews_every_row_as_training(window, qtbot, tmp_path,
+                                                                                     monkeypatch):
+    """The held-out examples in a file of their own (test_data): its File… button opens beside the
+    dataset, and the preview's N is every row of the dataset (none drawn for testing)."""
+    from PySide6.QtWidgets import QFileDialog, QPushButton
+
+    rows = lambda r: "a,b,label\n" + "".join(f"{i},{i % 7},{i % 2}\n" for i in r)  # noqa: E731
+    (tmp_path / "train.csv").write_text(rows(range(50)))
+    (tmp_path / "held_out.csv").write_text(rows(range(50, 70)))
+    for name, value in dict(name="table", noise_multiplier="1.0", target_epsilon="", delta="1e-3",
+                            expected_batch_size="5", epochs="1", model="auto").items():
+        window.form.set_value(name, value)
+    window.form.set_value("dataset", str(tmp_path / "train.csv"))
+    preview = window.form.preview_label
+    qtbot.waitUntil(lambda: "N " in preview.text() and "N 50," not in preview.text(), timeout=60_000)  # drawn
+    opened = []
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda parent, title, start, filter: (
+        opened.append(start), (str(tmp_path / "held_out.csv"), filter))[1])
+    window.form.findChild(QPushButton, "chooseTestDataFile").click()
+    assert opened == [str(tmp_path)] and window.form.state.texts["test_data"] == str(tmp_path / "held_out.csv")
+    qtbot.waitUntil(lambda: "N 50," in preview.text(), timeout=60_000)
+    assert not window.form.fields["test_fraction"].widget.isVisibleTo(window.form)
+    assert window.form.config().test_data == str(tmp_path / "held_out.csv")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QCheckBox, QComboBox, QLineEdit
+from PySide6.QtWidgets import QCheckBox, QComboBox, QLineEdit, QPushButton
 
 from engine.config import RunConfig, config_fields
 from workbench.form_state import FormState
@@ -270,8 +270,12 @@ def test_fields_the_optimizer_and_dataset_do_not_use_are_hidden(form):
     assert not shown("test_fraction") and not shown("classes")
     form.set_value("dataset", "digits")
     assert shown("test_fraction") and not shown("label_column") and not shown("classes")
+    assert not shown("test_data")
     form.set_value("dataset", "/data/patients.csv")
-    assert shown("test_fraction") and shown("label_column") and shown("classes")
+    assert shown("test_fraction") and shown("label_column") and shown("classes") and shown("test_data")
+    form.set_value("test_data", "/data/held_out.csv")  # the held-out examples given: none are drawn
+    assert not shown("test_fraction") and shown("test_data")
+    assert form.findChild(QPushButton, "chooseTestDataFile").isVisibleTo(form)
 
 
 def test_a_hidden_momentum_that_does_not_parse_does_not_block_adam(form):
