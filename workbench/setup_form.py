@@ -264,30 +264,12 @@ class SetupForm(QWidget):
         holder_layout.setContentsMargins(0, 0, 0, 0)
         holder_layout.addWidget(editor)
         line.addWidget(holder, 1)
-        if name == "dataset":
-            browse = QPushButton("File…")
-            browse.setObjectName("chooseDataFile")
-            browse.setToolTip("Choose a .csv table or an .npz archive (x, y) as the dataset")
-            browse.clicked.connect(self._choose_data_file)
-            line.addWidget(browse)
-            folder = QPushButton("Folder…")
-            folder.setObjectName("chooseDataFolder")
-            folder.setToolTip("Choose a folder as the dataset: images in one sub-folder per class, or x.npy and "
-                              "y.npy (read from disk as training goes, so it may be larger than memory)")
-            folder.clicked.connect(self._choose_data_folder)
-            line.addWidget(folder)
-        elif name == "test_data":
-            browse = QPushButton("File…")
-            browse.setObjectName("chooseTestDataFile")
-            browse.setToolTip("Choose a .csv table of held-out examples with the dataset's columns")
-            browse.clicked.connect(self._choose_test_data_file)
-            line.addWidget(browse)
-        elif name == "data_dir":
-            browse = QPushButton("Folder…")
-            browse.setObjectName("chooseDataDir")
-            browse.setToolTip("Choose the folder that holds the registered datasets' files (mnist/, cifar10/ …)")
-            browse.clicked.connect(self._choose_data_dir)
-            line.addWidget(browse)
+        for text, object_name, tip, slot in self._choosers(name):
+            chooser = QPushButton(text)
+            chooser.setObjectName(object_name)
+            chooser.setToolTip(tip)
+            chooser.clicked.connect(slot)
+            line.addWidget(chooser)
         unit = None
         if spec.unit and spec.kind is not bool:
             unit = QLabel(spec.unit)
@@ -581,6 +563,22 @@ class SetupForm(QWidget):
         self.start_requested.emit(config)
 
     # ---- file choosers -------------------------------------------------------------------------
+    def _choosers(self, name: str) -> list[tuple[str, str, str, Callable[[], None]]]:
+        """The buttons beside a path field: (text, object name, tooltip, slot)."""
+        if name == "dataset":
+            return [("File…", "chooseDataFile", "Choose a .csv table or an .npz archive (x, y) as the dataset",
+                     self._choose_data_file),
+                    ("Folder…", "chooseDataFolder", "Choose a folder as the dataset: images in one sub-folder per "
+                     "class, or x.npy and y.npy (read from disk as training goes, so it may be larger than memory)",
+                     self._choose_data_folder)]
+        if name == "test_data":
+            return [("File…", "chooseTestDataFile", "Choose a .csv table of held-out examples with the dataset's "
+                     "columns", self._choose_test_data_file)]
+        if name == "data_dir":
+            return [("Folder…", "chooseDataDir", "Choose the folder that holds the registered datasets' files "
+                     "(mnist/, cifar10/ …)", self._choose_data_dir)]
+        return []
+
     def _choose_data_file(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Choose a data file", self._start_folder("dataset"),
                                               DATA_FILE_FILTER)
