@@ -117,9 +117,10 @@ class RunConfig:
     test_data: str | None = _spec(
         None,
         label="Test data",
-        help="A CSV file of held-out examples with the dataset's columns: the test split (and PATE's public "
-        "pool) instead of one drawn from the dataset, so every row of the dataset trains and is protected. "
-        "Only for a CSV dataset. Unset: test_fraction of the dataset is held out.",
+        help="The test examples, given apart: for a CSV dataset a CSV file with its columns, for an image "
+        "folder a folder with its class sub-folders. They are the test split (and PATE's public pool) instead "
+        "of one drawn from the dataset, so every example of the dataset trains and is protected. Unset: "
+        "test_fraction of the dataset is held out.",
         kind=str,
         optional=True,
         group="data",
@@ -883,17 +884,26 @@ def _data_errors(values: dict[str, Any]) -> list[ConfigError]:
 
 
 def _test_data_errors(test_data: str | None, dataset: Any) -> list[ConfigError]:
-    """A separate test file is a CSV table beside a CSV dataset (an .npz holds its own x_test and y_test,
-    a registered dataset has its published test split)."""
+    """The test examples given apart: a CSV file beside a CSV dataset, a folder of class sub-folders
+    beside an image folder. An .npz holds its own x_test and y_test, a registered dataset has its
+    test split (published, or drawn per example)."""
+    from engine.datasets import is_registered
+
     if test_data is None:
         return []
-    if not test_data.strip().lower().endswith(".csv"):
+    dataset = str(dataset or "").strip()
+    given_csv = test_data.strip().lower().endswith(".csv")
+    if is_registered(dataset) or dataset.lower().endswith((".npz", ".npy")):
+        return [ConfigError("test_data", f"only a CSV dataset or an image folder reads test examples given apart, "
+                            f"not {dataset!r}",
+                            hint="an .npz holds its own x_test and y_test, a folder of arrays x_test.npy and "
+                            "y_test.npy, and a registered dataset has its own test split; leave test_data unset")]
+    if dataset.lower().endswith(".csv") and not given_csv:
         return [ConfigError("test_data", f"{test_data!r} is not a .csv file",
                             hint="give a CSV file of held-out examples with the dataset's columns")]
-    if not str(dataset or "").strip().lower().endswith(".csv"):
-        return [ConfigError("test_data", f"only a CSV dataset reads a separate test file, not {dataset!r}",
-                            hint="an .npz holds its own x_test and y_test, a folder x_test.npy and y_test.npy, "
-                            "and a registered dataset has its own test split; leave test_data unset")]
+    if not dataset.lower().endswith(".csv") and given_csv:
+        return [ConfigError("test_data", f"{test_data!r} is a CSV file, but the dataset {dataset!r} is a folder",
+                            hint="give the folder of test images, one sub-folder per class as in the dataset")]
     return []
 
 

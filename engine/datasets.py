@@ -27,8 +27,8 @@ or (`normalization="exact"`) by the train split's own statistics, which the priv
 not covered by the guarantee; `normalization["source"]` says which. `Dataset.normalize(x_raw)`
 applies exactly this.
 
-Datasets without a test split of their own (built-ins, CSV without `test_data`, NPZ without `x_test`,
-folders) are split per example (engine.data_split): each example's side is a keyed hash of the
+Datasets without a test split of their own (built-ins, CSV and image folders without `test_data`,
+NPZ without `x_test`, array folders without `x_test.npy`) are split per example (engine.data_split): each example's side is a keyed hash of the
 example, so one example more or less changes the training split by that example only, and the same
 seed gives the same split on any machine.
 """
@@ -285,8 +285,9 @@ def load_dataset(
     """Load a registered dataset by name, or a user's `.csv` / `.npz` file by path.
 
     `test_fraction` and `seed` apply only where the data has no test split of its own (built-ins,
-    CSV without `test_data`, NPZ without x_test/y_test); `label_column` and `test_data` (a CSV file of
-    held-out examples with the same columns, the test split) only to CSV; `data_dir` and `allow_download`
+    CSV or image folder without `test_data`, NPZ without x_test/y_test); `label_column` only to CSV;
+    `test_data` (the test examples given apart: a CSV file with the same columns, or a folder of
+    class sub-folders) only to CSV and image folders; `data_dir` and `allow_download`
     only to registered datasets that need files. `normalization`, `feature_bounds` (and for "dp"
     `statistics_noise_multiplier` and the run's secret generator `rng`) say how tables are scaled
     (engine.feature_scaling); images always use fixed constants. `progress(rows_done, rows_total)`
@@ -336,7 +337,7 @@ def _load_path(path: Path, *, label_column: str, split: SplitRequest, scaling: _
     name_or_path = str(path)
     suffix = path.suffix.lower()
     if path.is_dir() and suffix not in (".csv", ".npz"):
-        return _load_folder(path, split=split, checked_before=checked_before)
+        return _load_folder(path, split=split, checked_before=checked_before, test_data=test_data)
     if suffix == ".npy":
         raise DataError(f"{path}: a .npy file holds one array; put the inputs in x.npy and the labels in y.npy "
                         f"(optionally x_test.npy, y_test.npy) in one folder and give the folder")
@@ -1008,15 +1009,20 @@ def _csv_with_test_file(path: Path, table: Any, test_path: Path, *, label_column
 _NPZ_LAYOUT = "arrays x (examples) and y (labels), optionally x_test and y_test"
 
 
-def _load_folder(path: Path, *, split: SplitRequest, checked_before: Collection[str] = ()) -> Dataset:
-    """A folder of arrays (x.npy, y.npy: memory-mapped) or of images (one sub-folder per class)."""
+def _load_folder(path: Path, *, split: SplitRequest, checked_before: Collection[str] = (),
+                 test_data: Path | None = None) -> Dataset:
+    """A folder of arrays (x.npy, y.npy: memory-mapped) or of images (one sub-folder per class; its
+    test images may be another such folder, `test_data`)."""
     from engine.array_data import load_array_folder
     from engine.image_folder import is_image_folder, load_image_folder
 
     if (path / "x.npy").is_file():
+        if test_data is not None:
+            raise ConfigError("test_data", f"{path} holds arrays: its test examples go beside them as x_test.npy "
+                              "and y_test.npy", hint="leave test_data unset")
         return load_array_folder(path, split=split)
     if is_image_folder(path):
-        return load_image_folder(path, split=split, checked_before=checked_before)
+        return load_image_folder(path, split=split, checked_before=checked_before, test_folder=test_data)
     raise DataError(f"{path}: is a folder with neither x.npy nor class sub-folders of images; give a folder "
                     f"holding x.npy and y.npy, or one sub-folder of images per class")
 

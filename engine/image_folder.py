@@ -4,8 +4,8 @@
       cat/  001.png  002.jpg ...
       dog/  ...
 
-Class names are the sub-folder names in sorted order; every image file (png, jpg, jpeg, bmp, gif,
-tif, tiff, webp) is one example. Hidden files and folders (a leading '.', e.g. the '._name.png'
+Class names are the sub-folder names in sorted order (with a test folder given apart, those of
+both folders); every image file (png, jpg, jpeg, bmp, gif, tif, tiff, webp) is one example. Hidden files and folders (a leading '.', e.g. the '._name.png'
 files macOS leaves on other disks) are left out; a link to a file that does not exist is refused.
 Only the file list and the labels are held in memory: a training step decodes exactly the images its
 Poisson sample drew (`ImageFileRows`), so the folder may be far larger than memory. All images must
@@ -31,7 +31,7 @@ import numpy as np
 
 from engine.array_data import HASH_READ, MappedRows, hash_files, image_dataset
 from engine.data_split import SplitRequest
-from engine.errors import DataError
+from engine.errors import ConfigError, DataError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 SIGNATURES = ((0, b"\x89PNG", "PNG"), (0, b"\xff\xd8", "JPEG"), (0, b"GIF8", "GIF"), (0, b"BM", "BMP"),
@@ -54,6 +54,33 @@ _PILLOW_LIMIT_LOCK = threading.Lock()  # held while Image.MAX_IMAGE_PIXELS (a mo
 def is_image_folder(folder: Path) -> bool:
     """A folder with at least one sub-folder that holds an image file."""
     return any(any(_image_names(c)) for c in _subfolders(folder))
+
+
+def _test_classes(folder: Path) -> list[tuple[str, list[Path]]]:
+    """The test folder's classes and files (_class_files), or a ConfigError naming test_data."""
+    if not folder.is_dir():
+        where = "is a file, not a folder" if folder.exists() else f"folder not found (looked at {folder.absolute()})"
+        raise ConfigError("test_data", f"{folder}: {where}",
+                          hint="give the folder of test images, one sub-folder per class as in the dataset")
+    found = _class_files(folder)
+    if not found:
+        raise ConfigError("test_data", f"{folder}: holds no image files in class sub-folders",
+                          hint="give the folder of test images, one sub-folder per class as in the dataset")
+    return found
+
+
+def _files_and_labels(found: list[tuple[str, list[Path]]], classes: list[str]) -> tuple[list[Path], np.ndarray]:
+    """The files of `found` (_class_files) in order, and each one's class as an index into `classes`."""
+    index = {name: i for i, name in enumerate(classes)}
+    files = [path for _, paths in found for path in paths]
+    y = np.repeat(np.array([index[name] for name, _ in found], dtype=np.int64), [len(paths) for _, paths in found])
+    return files, y
+
+
+def _layout(source: "ImageFileRows") -> str:
+    """An image folder's image size and colour, for a message: '8x8 grey (uint8)'."""
+    colour = "grey" if source.mode == "L" else "colour"
+    return f"{source.size[0]}x{source.size[1]} {colour} ({np.dtype(source.dtype).name})"
 
 
 def _class_files(folder: Path) -> list[tuple[str, list[Path]]]:
@@ -292,21 +319,34 @@ def _refused(problems: list[DataError], folder: str) -> DataError:
                                          "refused as well)" if more else ""))
 
 
-def load_image_folder(folder: Path, *, split: SplitRequest, checked_before: Collection[str] = ()):
+def load_image_folder(folder: Path, *, split: SplitRequest, checked_before: Collection[str] = (),
+                      test_folder: Path | None = None):
     """The images under `folder`'s class sub-folders as a Dataset whose inputs are decoded on demand.
-    `checked_before`: as ImageFileRows.checked_fingerprint."""
+    `checked_before`: as ImageFileRows.checked_fingerprint. `test_folder`: the test images, in class
+    sub-folders of their own (every image of `folder` then trains); the classes are those of both."""
     from engine.datasets import _need_two_classes
 
     found = _class_files(folder)
-    classes = [name for name, _ in found]
-    files = [path for _, paths in found for path in paths]
-    y = np.repeat(np.arange(len(found), dtype=np.int64), [len(paths) for _, paths in found])
+    test_found = _test_classes(test_folder) if test_folder is not None else []
+    classes = sorted({name for name, _ in found} | {name for name, _ in test_found})
+    files, y = _files_and_labels(found, classes)
     if not files:
         raise DataError(f"{folder}: holds no image files in class sub-folders; put each class's images "
                         f"({', '.join(IMAGE_SUFFIXES)}) in a sub-folder named after the class")
     _need_two_classes(classes, what=str(folder))
     source = ImageFileRows(files, name=str(folder))
     fingerprint = source.checked_fingerprint(root=folder, checked_before=checked_before)
+    if test_folder is not None:
+        test_files, y_test = _files_and_labels(test_found, classes)
+        test_source = ImageFileRows(test_files, name=str(test_folder))
+        if (test_source.shape[1:], test_source.dtype) != (source.shape[1:], source.dtype):
+            raise ConfigError("test_data", f"{test_folder}: its images are {_layout(test_source)}, the dataset's "
+                              f"{_layout(source)}", hint="give test images of the training images' size and colour")
+        test_source.checked_fingerprint(root=test_folder)  # every test image checked, as the training ones
+        return image_dataset(name=folder.name, source=source, y=y, train_rows=None, test=MappedRows(test_source),
+                             y_test=y_test, class_names=classes, fingerprint=fingerprint,
+                             origin=str(folder.absolute()),
+                             split=f"test folder given: {test_folder.absolute()} ({len(test_files)} images)")
     train, test, ids = split.draw(MappedRows(source), y, what=str(folder))
     return image_dataset(name=folder.name, source=source, y=y[train], train_rows=train,
                          test=MappedRows(source, test), y_test=y[test], class_names=classes,

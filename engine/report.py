@@ -281,7 +281,7 @@ def pate_pool_caveat(plan: dict[str, Any]) -> str:
     if drawn.startswith(("per-example split", "stratified split")):
         text += (" This run drew its test split from the data given (test_fraction of it): those examples are not "
                  "protected. When all of the data is private, give PATE public pool data of its own (test_data for a "
-                 "CSV file; x_test and y_test beside x and y in an .npz).")
+                 "CSV file or an image folder; x_test and y_test beside x and y in an .npz).")
     return text
 
 

@@ -2,10 +2,10 @@
 
 `engine.config.fields_used` says which fields a mechanism (and PATE aggregator) reads; a few more
 fields matter only for some values of another one: the momentum only for the 'momentum' optimizer,
-the label column and a separate test file only for a CSV file, the test fraction only for data
-without a test split of its own (a published one, or a CSV's test file), the declared classes only
-for a user's own data, the statistics' noise multiplier only for normalization = 'dp'. The setup
-form shows, and a report lists, exactly these (one rule for both).
+the label column only for a CSV file, test examples given apart only for a CSV file or a folder,
+the test fraction only for data without a test split of its own (published, or given apart), the
+declared classes only for a user's own data, the statistics' noise multiplier only for
+normalization = 'dp'. The setup form shows, and a report lists, exactly these (one rule for both).
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ def settings_in_effect(values: Mapping[str, Any]) -> list[str]:
     if str(values.get("optimizer") or "").strip() != "momentum":
         unused.add("momentum")
     if not dataset.endswith(".csv"):
-        unused.update(("label_column", "test_data"))
-    if has_published_test_split(dataset) or (dataset.endswith(".csv") and str(values.get("test_data") or "").strip()):
+        unused.add("label_column")
+    takes_test_data = not is_registered(dataset) and not dataset.endswith((".npz", ".npy"))  # a CSV or a folder
+    if not takes_test_data:
+        unused.add("test_data")
+    if has_published_test_split(dataset) or (takes_test_data and str(values.get("test_data") or "").strip()):
         unused.add("test_fraction")
     if is_registered(dataset):  # its classes are published
         unused.add("classes")

@@ -572,8 +572,10 @@ class SetupForm(QWidget):
                      "class, or x.npy and y.npy (read from disk as training goes, so it may be larger than memory)",
                      self._choose_data_folder)]
         if name == "test_data":
-            return [("File…", "chooseTestDataFile", "Choose a .csv table of held-out examples with the dataset's "
-                     "columns", self._choose_test_data_file)]
+            return [("File…", "chooseTestDataFile", "For a CSV dataset: choose a .csv table of held-out examples "
+                     "with the dataset's columns", self._choose_test_data_file),
+                    ("Folder…", "chooseTestDataFolder", "For an image folder: choose the folder of test images, "
+                     "one sub-folder per class as in the dataset", self._choose_test_data_folder)]
         if name == "data_dir":
             return [("Folder…", "chooseDataDir", "Choose the folder that holds the registered datasets' files "
                      "(mnist/, cifar10/ …)", self._choose_data_dir)]
@@ -586,11 +588,21 @@ class SetupForm(QWidget):
             self.set_value("dataset", path)
 
     def _choose_test_data_file(self) -> None:
-        start = self._start_folder("test_data") if self.state.texts.get("test_data", "").strip() else \
-            self._start_folder("dataset")  # held-out examples are usually beside the dataset
-        path, _ = QFileDialog.getOpenFileName(self, "Choose the held-out examples (CSV)", start, TEST_FILE_FILTER)
+        path, _ = QFileDialog.getOpenFileName(self, "Choose the held-out examples (CSV)", self._test_data_start(),
+                                              TEST_FILE_FILTER)
         if path:
             self.set_value("test_data", path)
+
+    def _choose_test_data_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Choose the folder of test images (a sub-folder per class)",
+                                                self._test_data_start())
+        if path:
+            self.set_value("test_data", path)
+
+    def _test_data_start(self) -> str:
+        """Where the test data chooser opens: beside the test data chosen, else beside the dataset (held-out
+        examples are usually kept next to it)."""
+        return self._start_folder("test_data" if self.state.texts.get("test_data", "").strip() else "dataset")
 
     def _choose_data_folder(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Choose a dataset folder (a sub-folder per class, or x.npy "

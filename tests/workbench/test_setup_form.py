@@ -368,3 +368,20 @@ def test_a_narrow_form_puts_the_privacy_column_under_the_others_not_off_the_edge
     left, right = placed(500)
     assert left < 20 and right < 500  # under the run settings, whole
     assert privacy.mapTo(form, privacy.rect().topLeft()).y() > run.mapTo(form, run.rect().bottomLeft()).y()
+
+
+def test_the_test_images_of_an_image_folder_are_chosen_beside_it(form, tmp_path, monkeypatch):
+    """An image folder's test images given apart (test_data): its Folder… button opens beside the
+    dataset, and test_fraction is hidden once they are given."""
+    from PySide6.QtWidgets import QFileDialog
+
+    (tmp_path / "train" / "cat").mkdir(parents=True)
+    (tmp_path / "test" / "cat").mkdir(parents=True)
+    form.set_value("dataset", str(tmp_path / "train"))
+    assert form.fields["test_data"].widget.isVisibleTo(form) and form.fields["test_fraction"].widget.isVisibleTo(form)
+    opened = []
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory",
+                        lambda parent, title, start: (opened.append(start), str(tmp_path / "test"))[1])
+    form.findChild(QPushButton, "chooseTestDataFolder").click()
+    assert opened == [str(tmp_path)] and form.state.texts["test_data"] == str(tmp_path / "test")
+    assert not form.fields["test_fraction"].widget.isVisibleTo(form)

@@ -1,11 +1,13 @@
-"""A CSV dataset with its held-out examples in a file of their own (`test_data`): every row of the
-dataset trains and is protected, the test file is the test split (and PATE's public pool)."""
+"""Test examples given apart (`test_data`): a CSV file beside a CSV dataset, a folder of class
+sub-folders beside an image folder. Every example of the dataset then trains and is protected, and
+the given examples are the test split (and PATE's public pool)."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -54,11 +56,20 @@ def test_a_test_file_with_other_columns_is_one_line_naming_the_setting(tmp_path)
         load_dataset(str(train), test_data=str(tmp_path / "missing.csv"))
 
 
-def test_only_a_csv_dataset_takes_a_test_file_and_only_a_csv_file(tmp_path):
-    with pytest.raises(ConfigError, match="only a CSV dataset reads a separate test file"):
-        RunConfig(dataset="digits", noise_multiplier=1.0, test_data="held_out.csv")
+def test_test_data_is_refused_where_the_data_has_its_own_test_split_or_is_of_another_kind(tmp_path):
+    for dataset in ("digits", "mnist", "arrays.npz"):
+        with pytest.raises(ConfigError, match="only a CSV dataset or an image folder reads test examples given apart"):
+            RunConfig(dataset=dataset, noise_multiplier=1.0, test_data="held_out.csv")
     with pytest.raises(ConfigError, match="'held_out.npz' is not a .csv file"):
         RunConfig(dataset="train.csv", noise_multiplier=1.0, test_data="held_out.npz")
+    with pytest.raises(ConfigError, match="is a CSV file, but the dataset '/data/pictures' is a folder"):
+        RunConfig(dataset="/data/pictures", noise_multiplier=1.0, test_data="held_out.csv")
+    arrays = tmp_path / "arrays"
+    arrays.mkdir()
+    np.save(arrays / "x.npy", np.zeros((10, 3), np.float32))
+    np.save(arrays / "y.npy", np.arange(10) % 2)
+    with pytest.raises(ConfigError, match="holds arrays: its test examples go beside them as x_test.npy"):
+        load_dataset(str(arrays), test_data=str(tmp_path))
 
 
 def test_the_test_file_replaces_test_fraction_in_the_settings_a_run_reads():
@@ -66,7 +77,53 @@ def test_the_test_file_replaces_test_fraction_in_the_settings_a_run_reads():
     assert "test_data" in with_file and "test_fraction" not in with_file
     without = settings_in_effect({"dataset": "train.csv", "mechanism": "dpsgd"})
     assert "test_data" in without and "test_fraction" in without
-    assert "test_data" not in settings_in_effect({"dataset": "digits", "mechanism": "dpsgd"})
+    folder = settings_in_effect({"dataset": "/data/pictures", "test_data": "/data/test", "mechanism": "dpsgd"})
+    assert "test_data" in folder and "test_fraction" not in folder
+    for dataset in ("digits", "mnist", "arrays.npz"):
+        assert "test_data" not in settings_in_effect({"dataset": dataset, "mechanism": "dpsgd"})
+
+
+def write_images(folder: Path, counts: dict[str, int], *, size: tuple[int, int] = (8, 8), mode: str = "L",
+                 start: int = 0) -> None:
+    """`counts[name]` images in sub-folder `name`; image i's first pixel is (start + i) % 256."""
+    from PIL import Image
+
+    i = start
+    for name, count in counts.items():
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        for _ in range(count):
+            pixels = np.zeros((size[1], size[0]) + (() if mode == "L" else (3,)), np.uint8)
+            pixels.flat[0] = i % 256
+            Image.fromarray(pixels, mode).save(folder / name / f"{i:04d}.png")
+            i += 1
+
+
+def test_an_image_folder_with_a_test_folder_trains_on_every_image(tmp_path):
+    write_images(tmp_path / "train", {"cat": 20, "dog": 25})
+    write_images(tmp_path / "test", {"cat": 4, "dog": 3, "fox": 2}, start=100)  # fox: only in the test images
+    data = load_dataset(str(tmp_path / "train"), test_data=str(tmp_path / "test"))
+    assert data.num_train == 45 and data.num_test == 9
+    assert data.class_names == ("cat", "dog", "fox") and data.num_classes == 3
+    assert data.y_train.tolist() == [0] * 20 + [1] * 25 and data.y_test.tolist() == [0] * 4 + [1] * 3 + [2] * 2
+    test_images = data.x_test[np.arange(data.num_test)]  # read on demand: rows, then pixels
+    first_pixels = test_images[:, 0, 0, 0] * data.normalization["std"][0] + data.normalization["mean"][0]
+    assert torch.allclose(first_pixels * 255, torch.arange(100, 109, dtype=torch.float32), atol=1e-3)
+    assert data.split.startswith("test folder given: ") and "(9 images)" in data.split
+    assert data.fingerprint == load_dataset(str(tmp_path / "train")).fingerprint  # the private images' alone
+
+
+def test_a_test_folder_that_does_not_match_the_images_is_one_line_naming_the_setting(tmp_path):
+    write_images(tmp_path / "train", {"cat": 10, "dog": 10})
+    write_images(tmp_path / "big", {"cat": 2, "dog": 2}, size=(16, 16))
+    write_images(tmp_path / "colour", {"cat": 2, "dog": 2}, mode="RGB")
+    (tmp_path / "empty").mkdir()
+    for folder, words in (("big", "its images are 16x16 grey (uint8), the dataset's 8x8 grey (uint8)"),
+                          ("colour", "its images are 8x8 colour (uint8)"),
+                          ("empty", "holds no image files in class sub-folders"),
+                          ("missing", "folder not found")):
+        with pytest.raises(ConfigError) as refused:
+            load_dataset(str(tmp_path / "train"), test_data=str(tmp_path / folder))
+        assert refused.value.field == "test_data" and words in str(refused.value), str(refused.value)
 
 
 def test_a_config_file_finds_its_test_file_beside_it_and_a_run_reads_it(tmp_path):
