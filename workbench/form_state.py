@@ -15,6 +15,9 @@ from engine.config import RunConfig, check_field, collect_errors, config_fields,
 from engine.errors import ConfigError
 from engine.settings_in_effect import settings_in_effect
 
+UNSET_WHEN_HIDDEN = frozenset({"test_data"})
+"""Settings the config refuses where they do not apply (test examples given apart beside a registered
+dataset): hidden by the dataset chosen, they are left unset rather than kept to block Start unseen."""
 THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+")  # 1,000 and 60,000: commas between groups of three
 
 # Training/test split sizes of the registered datasets, for the live cost preview before any data
@@ -149,12 +152,14 @@ class FormState:
     # ---- derived -------------------------------------------------------------------------------
     def values(self) -> dict[str, Any]:
         """Parsed values of every field. A hidden field whose text does not parse keeps its default,
-        so a setting of another mechanism never blocks this one invisibly."""
+        so a setting of another mechanism never blocks this one invisibly; so does a hidden setting
+        that the config refuses outright where it does not apply (UNSET_WHEN_HIDDEN)."""
         visible = set(self.visible())
         out: dict[str, Any] = {}
         for name, default in defaults().items():
             value, error = parse(name, self.texts[name])
-            out[name] = default if (error is not None and name not in visible) else value
+            hidden = name not in visible
+            out[name] = default if hidden and (error is not None or name in UNSET_WHEN_HIDDEN) else value
         return out
 
     def field_errors(self) -> dict[str, ConfigError]:

@@ -385,3 +385,17 @@ def test_the_test_images_of_an_image_folder_are_chosen_beside_it(form, tmp_path,
     form.findChild(QPushButton, "chooseTestDataFolder").click()
     assert opened == [str(tmp_path)] and form.state.texts["test_data"] == str(tmp_path / "test")
     assert not form.fields["test_fraction"].widget.isVisibleTo(form)
+
+
+def test_test_data_left_behind_by_a_change_of_dataset_does_not_block_start(form):
+    """Test examples given apart for a CSV, then the dataset switched to digits: test_data is hidden,
+    and a registered dataset refuses it; the form leaves it unset instead of blocking Start unseen."""
+    for name, value in dict(noise_multiplier="1.0", target_epsilon="", delta="1e-5").items():
+        form.set_value(name, value)
+    form.set_value("dataset", "/data/patients.csv")
+    form.set_value("test_data", "/data/held_out.csv")
+    assert form.config().test_data == "/data/held_out.csv"
+    form.set_value("dataset", "digits")
+    assert form.valid and form.config().test_data is None
+    form.set_value("dataset", "/data/patients.csv")  # back: the text was kept
+    assert form.config().test_data == "/data/held_out.csv"
