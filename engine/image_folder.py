@@ -5,13 +5,14 @@
       dog/  ...
 
 Class names are the sub-folder names in sorted order (with a test folder given apart, those of
-both folders); every image file (png, jpg, jpeg, bmp, gif, tif, tiff, webp) is one example. Hidden files and folders (a leading '.', e.g. the '._name.png'
-files macOS leaves on other disks) are left out; a link to a file that does not exist is refused.
-Only the file list and the labels are held in memory: a training step decodes exactly the images its
+both folders); every image file (png, jpg, jpeg, bmp, gif, tif, tiff, webp) is one example. Hidden
+files and folders (a leading '.', e.g. the '._name.png' files macOS leaves on other disks) are left
+out; a link to a file that does not exist is refused. Only the file list and the labels are held in memory: a training step decodes exactly the images its
 Poisson sample drew (`ImageFileRows`), so the folder may be far larger than memory. All images must
 have one size, at most MAX_PIXELS (every file's header is checked at load, and that it is whole: see
 ENDINGS); the colour mode is the
-first image's (grayscale "L" or "RGB"), and every image is converted to it. 16-bit grayscale images
+first image's (grayscale "L" or "RGB"), and every image is converted to it (a test folder given
+apart is read in the training images' size, mode and dtype). 16-bit grayscale images
 are scaled by value / 65535 (a folder of them reads as float32 in [0, 1]); 32-bit integer and float
 images, which have no fixed range, are refused.
 The train/test split is per file (engine.data_split): each file's side is a keyed hash of its path
@@ -77,12 +78,6 @@ def _files_and_labels(found: list[tuple[str, list[Path]]], classes: list[str]) -
     return files, y
 
 
-def _layout(source: "ImageFileRows") -> str:
-    """An image folder's image size and colour, for a message: '8x8 grey (uint8)'."""
-    colour = "grey" if source.mode == "L" else "colour"
-    return f"{source.size[0]}x{source.size[1]} {colour} ({np.dtype(source.dtype).name})"
-
-
 def _class_files(folder: Path) -> list[tuple[str, list[Path]]]:
     """(class name, its image files) for each sub-folder holding an image, both in sorted order. Names
     are sorted as strings, which is the order of their paths (one listing per folder, no Path compares)."""
@@ -143,14 +138,19 @@ class ImageFileRows:
     """Examples as image files: `read(rows)` decodes those files into (n, C, H, W) `dtype`: uint8, or
     float32 in [0, 1] when the first image is 16-bit (uint8 would lose its depth)."""
 
-    def __init__(self, files: list[Path], *, name: str):
+    def __init__(self, files: list[Path], *, name: str, like: "ImageFileRows | None" = None):
+        """`like`: read the files as that folder's images are read (its size, colour mode and dtype), as
+        a test folder given apart is read like the training images."""
         self.files = files
         self.name = name
-        with self._first_readable() as first:
-            deep = first.mode in SIXTEEN_BIT_MODES
-            self.mode = "L" if deep or first.mode in ("1", "L") else "RGB"
-            self.dtype = np.float32 if deep else np.uint8
-            self.size = first.size  # (width, height)
+        if like is not None:
+            self.mode, self.dtype, self.size = like.mode, like.dtype, like.size
+        else:
+            with self._first_readable() as first:
+                deep = first.mode in SIXTEEN_BIT_MODES
+                self.mode = "L" if deep or first.mode in ("1", "L") else "RGB"
+                self.dtype = np.float32 if deep else np.uint8
+                self.size = first.size  # (width, height)
         channels = 1 if self.mode == "L" else 3
         self.shape = (len(files), channels, self.size[1], self.size[0])
         self._checked = False
@@ -188,7 +188,7 @@ class ImageFileRows:
 
     def _check_size(self, path: Path, image) -> None:
         if image.size != self.size:
-            raise DataError(f"{path}: is {image.size[0]}x{image.size[1]} pixels but the folder's images are "
+            raise DataError(f"{path}: is {image.size[0]}x{image.size[1]} pixels but the dataset's images are "
                             f"{self.size[0]}x{self.size[1]}; resize every image to one size")
 
     def read(self, rows: np.ndarray) -> np.ndarray:
@@ -338,10 +338,7 @@ def load_image_folder(folder: Path, *, split: SplitRequest, checked_before: Coll
     fingerprint = source.checked_fingerprint(root=folder, checked_before=checked_before)
     if test_folder is not None:
         test_files, y_test = _files_and_labels(test_found, classes)
-        test_source = ImageFileRows(test_files, name=str(test_folder))
-        if (test_source.shape[1:], test_source.dtype) != (source.shape[1:], source.dtype):
-            raise ConfigError("test_data", f"{test_folder}: its images are {_layout(test_source)}, the dataset's "
-                              f"{_layout(source)}", hint="give test images of the training images' size and colour")
+        test_source = ImageFileRows(test_files, name=str(test_folder), like=source)
         test_source.checked_fingerprint(root=test_folder)  # every test image checked, as the training ones
         return image_dataset(name=folder.name, source=source, y=y, train_rows=None, test=MappedRows(test_source),
                              y_test=y_test, class_names=classes, fingerprint=fingerprint,

@@ -182,7 +182,7 @@ def test_loading_an_image_folder_opens_each_file_once(tmp_path, monkeypatch):
     from PIL import Image
 
     Image.fromarray(np.zeros((12, 12), np.uint8)).save(paths[5])
-    with pytest.raises(DataError, match=rf"{paths[5].name}: is 12x12 pixels but the folder's images are 10x10"):
+    with pytest.raises(DataError, match=rf"{paths[5].name}: is 12x12 pixels but the dataset's images are 10x10"):
         load_dataset(tmp_path / "pictures", test_fraction=0.25)
 
 
@@ -203,7 +203,7 @@ def test_user_errors_are_one_line_naming_the_file(tmp_path, monkeypatch):
     # Said when the data is loaded, before any step could spend privacy (it was said by the step that
     # drew the file, failing the run part-way).
     Image.fromarray(np.zeros((12, 12), np.uint8)).save(paths[7])
-    with pytest.raises(DataError, match=rf"{paths[7].name}: is 12x12 pixels but the folder's images are 10x10"):
+    with pytest.raises(DataError, match=rf"{paths[7].name}: is 12x12 pixels but the dataset's images are 10x10"):
         load_dataset(tmp_path / "pictures", test_fraction=0.5)
     paths[3].write_bytes(b"")  # an empty file: hashed as one empty read, checked all the same
     with pytest.raises(DataError, match=rf"{paths[3].name}: cannot be read as an image \(the file is empty, 0 bytes\); "
@@ -463,7 +463,7 @@ def test_dpw_run_refuses_a_folder_with_a_bad_image_and_stores_no_run(tmp_path):
                       'noise_multiplier = 1.0\nexpected_batch_size = 8\nepochs = 1\ndelta = 1e-4\n')
     result = CliRunner().invoke(cli, ["run", str(config), "--db", str(tmp_path / "runs.sqlite")])
     assert result.exit_code == 1, result.output
-    assert f"{paths[21]}: is 11x10 pixels but the folder's images are 10x10" in result.output
+    assert f"{paths[21]}: is 11x10 pixels but the dataset's images are 10x10" in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "runs.sqlite").exists() or Store(tmp_path / "runs.sqlite").list_runs() == []
 

@@ -13,7 +13,7 @@ import torch
 
 from engine.config import RunConfig
 from engine.datasets import load_dataset
-from engine.errors import ConfigError
+from engine.errors import ConfigError, DataError
 from engine.settings_in_effect import settings_in_effect
 
 
@@ -112,30 +112,16 @@ def test_an_image_folder_with_a_test_folder_trains_on_every_image(tmp_path):
     assert data.fingerprint == load_dataset(str(tmp_path / "train")).fingerprint  # the private images' alone
 
 
-def test_a_test_folder_that_does_not_match_the_images_is_one_line_naming_the_setting(tmp_path):
+def test_a_test_folder_is_read_as_the_training_images_are_and_refused_in_one_line(tmp_path):
     write_images(tmp_path / "train", {"cat": 10, "dog": 10})
-    write_images(tmp_path / "big", {"cat": 2, "dog": 2}, size=(16, 16))
     write_images(tmp_path / "colour", {"cat": 2, "dog": 2}, mode="RGB")
+    data = load_dataset(str(tmp_path / "train"), test_data=str(tmp_path / "colour"))
+    assert data.num_test == 4 and data.x_test[np.arange(4)].shape == (4, 1, 8, 8)  # converted to grey, as in training
+    write_images(tmp_path / "big", {"cat": 2, "dog": 2}, size=(16, 16))
+    with pytest.raises(DataError, match="big/cat/0000.png: is 16x16 pixels but the dataset's images are 8x8"):
+        load_dataset(str(tmp_path / "train"), test_data=str(tmp_path / "big"))
     (tmp_path / "empty").mkdir()
-    for folder, words in (("big", "its images are 16x16 grey (uint8), the dataset's 8x8 grey (uint8)"),
-                          ("colour", "its images are 8x8 colour (uint8)"),
-                          ("empty", "holds no image files in class sub-folders"),
-                          ("missing", "folder not found")):
+    for folder, words in (("empty", "holds no image files in class sub-folders"), ("missing", "folder not found")):
         with pytest.raises(ConfigError) as refused:
             load_dataset(str(tmp_path / "train"), test_data=str(tmp_path / folder))
         assert refused.value.field == "test_data" and words in str(refused.value), str(refused.value)
-
-
-def test_a_config_file_finds_its_test_file_beside_it_and_a_run_reads_it(tmp_path):
-    from engine.runs import load_run_data
-
-    folder = tmp_path / "study"
-    folder.mkdir()
-    write_table(folder / "train.csv", range(60))
-    write_table(folder / "held_out.csv", range(200, 220))
-    (folder / "run.toml").write_text('dataset = "train.csv"\ntest_data = "held_out.csv"\nnoise_multiplier = 1.0\n'
-                                     'delta = 1e-3\n', encoding="utf-8")
-    config = RunConfig.load_toml(folder / "run.toml")
-    assert config.test_data == str((folder / "held_out.csv").resolve())
-    data = load_run_data(config)
-    assert data.num_train == 60 and data.num_test == 20
