@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from engine import rounding
+from engine.cli_follow import StandbyRunner, StopRequests, follow_runner
 from engine.cli_privacy import RISK_LABEL, check_number, echo_risk_rows, privacy
 from engine.cli_shell import (
     DPWGroup,
@@ -28,7 +29,6 @@ from engine.cli_shell import (
     open_store,
     open_store_after_check,
 )
-from engine.cli_follow import StandbyRunner, StopRequests, follow_runner
 from engine.errors import DPWError
 
 

@@ -581,9 +581,9 @@ class RunConfig:
 
     def with_paths_from(self, folder: str | Path) -> "RunConfig":
         """Relative paths in a config file are the file's folder's: a relative data_dir, and a dataset
-        or test_data path that exists there (a registered dataset's name stays a name; a path found only from the
-        working folder is kept as given, as configs written before this rule meant it). Absolute
-        paths are stored with the run, so the run's data is found again from any folder."""
+        or test_data path that exists there (a registered dataset's name stays a name; a path found
+        only from the working folder is kept as given, as configs written before this rule meant it).
+        Absolute paths are stored with the run, so the run's data is found again from any folder."""
         changes = paths_from_file(self.to_dict(), folder)
         return self.replace(**changes) if changes else self
 
@@ -887,13 +887,13 @@ def _test_data_errors(test_data: str | None, dataset: Any) -> list[ConfigError]:
     """The test examples given apart: a CSV file beside a CSV dataset, a folder of class sub-folders
     beside an image folder. An .npz holds its own x_test and y_test, a registered dataset has its
     test split (published, or drawn per example)."""
-    from engine.datasets import is_registered
+    from engine.datasets import takes_test_data
 
     if test_data is None:
         return []
     dataset = str(dataset or "").strip()
     given_csv = test_data.strip().lower().endswith(".csv")
-    if is_registered(dataset) or dataset.lower().endswith((".npz", ".npy")):
+    if not takes_test_data(dataset):
         return [ConfigError("test_data", f"only a CSV dataset or an image folder reads test examples given apart, "
                             f"not {dataset!r}",
                             hint="an .npz holds its own x_test and y_test, a folder of arrays x_test.npy and "

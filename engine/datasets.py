@@ -28,9 +28,9 @@ not covered by the guarantee; `normalization["source"]` says which. `Dataset.nor
 applies exactly this.
 
 Datasets without a test split of their own (built-ins, CSV and image folders without `test_data`,
-NPZ without `x_test`, array folders without `x_test.npy`) are split per example (engine.data_split): each example's side is a keyed hash of the
-example, so one example more or less changes the training split by that example only, and the same
-seed gives the same split on any machine.
+NPZ without `x_test`, array folders without `x_test.npy`) are split per example (engine.data_split):
+each example's side is a keyed hash of the example, so one example more or less changes the training
+split by that example only, and the same seed gives the same split on any machine.
 """
 
 from __future__ import annotations
@@ -257,6 +257,14 @@ def is_registered(name: str) -> bool:
     return _lookup(str(name)) is not None
 
 
+def takes_test_data(dataset: str) -> bool:
+    """Whether `dataset` may have its test examples given apart (config `test_data`): a CSV file or a
+    folder; not a registered dataset (its test split is published or drawn) nor an .npz/.npy (an .npz
+    holds its own x_test, a folder of arrays x_test.npy)."""
+    dataset = str(dataset).strip()
+    return not is_registered(dataset) and not dataset.lower().endswith((".npz", ".npy"))
+
+
 def has_published_test_split(name: str) -> bool:
     """Whether `name` is a registered dataset that comes with its own test files (MNIST, CIFAR-10,
     SVHN ...), in their published order; any other test split is drawn here or given by the user."""
@@ -435,6 +443,16 @@ def _encode_text_labels(values: np.ndarray, *, what: str) -> tuple[np.ndarray, t
     if "" in classes:
         raise DataError(f"{what}: some labels are empty; give every example a class")
     return y.astype(np.int64).ravel(), tuple(str(c) for c in classes)
+
+
+def _encode_both_labels(y: np.ndarray, y_test: np.ndarray, *, what: str
+                        ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    """Training and test labels given apart, coded as one set of classes (_encode_labels over both: a
+    class only the test labels hold gets its own code). Numbers stay numbers unless either side has text."""
+    numeric = y.dtype.kind in "biuf" and y_test.dtype.kind in "biuf"
+    both = np.concatenate([y, y_test]) if numeric else np.array([*map(str, y), *map(str, y_test)], dtype=object)
+    codes, class_names = _encode_labels(both, what=what)
+    return codes[:len(y)], codes[len(y):], class_names
 
 
 def _need_two_classes(class_names: Sequence[str], *, what: str) -> None:
@@ -974,7 +992,8 @@ def _csv_with_test_file(path: Path, table: Any, test_path: Path, *, label_column
     `path` trains. The classes are those of both files (the test file is public; a class only it holds
     gets its model output). The fingerprint stays the training file's: the private data."""
     if not test_path.is_file():
-        where = "is a folder, not a .csv file" if test_path.is_dir() else f"file not found (looked at {test_path.absolute()})"
+        where = ("is a folder, not a .csv file" if test_path.is_dir() else
+                 f"file not found (looked at {test_path.absolute()})")
         raise ConfigError("test_data", f"{test_path}: {where}", hint="give the CSV file of held-out examples")
     test = read_csv_table(test_path, label_column=label_column)
     if test.feature_names != table.feature_names:
@@ -985,18 +1004,15 @@ def _csv_with_test_file(path: Path, table: Any, test_path: Path, *, label_column
                 "has them in another order")
         raise ConfigError("test_data", f"{test_path}: its feature columns differ from {path.name}'s (it {what})",
                           hint="give the held-out examples with the dataset's columns, in its order")
-    numeric = table.labels.dtype.kind in "biuf" and test.labels.dtype.kind in "biuf"
-    both = (np.concatenate([table.labels, test.labels]) if numeric else
-            np.array([*map(str, table.labels), *map(str, test.labels)], dtype=object))
-    y_all, class_names = _encode_labels(both, what=f"{path} and {test_path}, column {label_column!r}")
+    y_train, y_test, class_names = _encode_both_labels(table.labels, test.labels,
+                                                       what=f"{path} and {test_path}, column {label_column!r}")
     _need_two_classes(class_names, what=f"{path}, column {label_column!r}")
-    rows = len(table.labels)
     return _table_dataset(
         name=path.name,
         x_train=table.features,
-        y_train=y_all[:rows],
+        y_train=y_train,
         x_test=test.features,
-        y_test=y_all[rows:],
+        y_test=y_test,
         class_names=class_names,
         fingerprint=table.sha256,
         source=str(path.absolute()),
@@ -1085,10 +1101,7 @@ def _load_npz(path: Path, *, split: SplitRequest, scaling: _ScalingRequest) -> D
             )
         if len(x_test) == 0:
             raise DataError(f"{path}: x_test holds no examples; drop x_test/y_test to draw a split instead")
-        numeric = y.dtype.kind in "biuf" and y_test.dtype.kind in "biuf"
-        both = np.concatenate([y, y_test]) if numeric else np.array([*map(str, y), *map(str, y_test)], dtype=object)
-        y_all, class_names = _encode_labels(both, what=f"{path}, arrays y/y_test")
-        y_enc, y_test_enc = y_all[: len(y)], y_all[len(y):]
+        y_enc, y_test_enc, class_names = _encode_both_labels(y, y_test, what=f"{path}, arrays y/y_test")
     else:
         y_enc, class_names = _encode_labels(y, what=f"{path}, array y")
     _need_two_classes(class_names, what=f"{path}, array y")

@@ -4,17 +4,17 @@
       cat/  001.png  002.jpg ...
       dog/  ...
 
-Class names are the sub-folder names in sorted order (with a test folder given apart, those of
-both folders); every image file (png, jpg, jpeg, bmp, gif, tif, tiff, webp) is one example. Hidden
-files and folders (a leading '.', e.g. the '._name.png' files macOS leaves on other disks) are left
-out; a link to a file that does not exist is refused. Only the file list and the labels are held in memory: a training step decodes exactly the images its
-Poisson sample drew (`ImageFileRows`), so the folder may be far larger than memory. All images must
-have one size, at most MAX_PIXELS (every file's header is checked at load, and that it is whole: see
-ENDINGS); the colour mode is the
-first image's (grayscale "L" or "RGB"), and every image is converted to it (a test folder given
-apart is read in the training images' size, mode and dtype). 16-bit grayscale images
-are scaled by value / 65535 (a folder of them reads as float32 in [0, 1]); 32-bit integer and float
-images, which have no fixed range, are refused.
+Class names are the sub-folder names in sorted order (with a test folder given apart, those of both
+folders); every image file (png, jpg, jpeg, bmp, gif, tif, tiff, webp) is one example. Hidden files
+and folders (a leading '.', e.g. the '._name.png' files macOS leaves on other disks) are left out; a
+link to a file that does not exist is refused. Only the file list and the labels are held in memory:
+a training step decodes exactly the images its Poisson sample drew (`ImageFileRows`), so the folder
+may be far larger than memory. All images must have one size, at most MAX_PIXELS (every file's
+header is checked at load, and that it is whole: see ENDINGS); the colour mode is the first image's
+(grayscale "L" or "RGB"), and every image is converted to it (a test folder given apart is read in
+the training images' size, mode and dtype). 16-bit grayscale images are scaled by value / 65535 (a
+folder of them reads as float32 in [0, 1]); 32-bit integer and float images, which have no fixed
+range, are refused.
 The train/test split is per file (engine.data_split): each file's side is a keyed hash of its path
 relative to the folder ("class/name").
 """
@@ -338,8 +338,7 @@ def load_image_folder(folder: Path, *, split: SplitRequest, checked_before: Coll
     fingerprint = source.checked_fingerprint(root=folder, checked_before=checked_before)
     if test_folder is not None:
         test_files, y_test = _files_and_labels(test_found, classes)
-        test_source = ImageFileRows(test_files, name=str(test_folder), like=source)
-        test_source.checked_fingerprint(root=test_folder)  # every test image checked, as the training ones
+        test_source = ImageFileRows(test_files, name=str(test_folder), like=source)  # checked by image_dataset
         return image_dataset(name=folder.name, source=source, y=y, train_rows=None, test=MappedRows(test_source),
                              y_test=y_test, class_names=classes, fingerprint=fingerprint,
                              origin=str(folder.absolute()),

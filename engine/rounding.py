@@ -34,7 +34,7 @@ def _rounded(value: float, spec: str, rounding: str) -> str:
     if kind == "f":
         quantum = Decimal(1).scaleb(-digits)
     elif kind == "g":
-        quantum = Decimal(1).scaleb(exact.adjusted() - max(digits, 1) + 1)
+        quantum = _significant_quantum(exact, digits)
     else:
         raise ValueError(f"format {spec!r}: only .Nf and .Ng are rounded as bounds")
     return format(float(exact.quantize(quantum, rounding=rounding, context=_EXACT)), spec)
@@ -77,9 +77,13 @@ def _percent_bound(x: float, digits: int, rounding: str) -> str:
 def _plain(exact: Decimal, digits: int, rounding: str) -> str:
     if not exact.is_finite() or exact <= 0:
         return f"{float(exact):g}"
-    quantum = Decimal(1).scaleb(exact.adjusted() - max(digits, 1) + 1)
-    rounded = exact.quantize(quantum, rounding=rounding, context=_EXACT)
+    rounded = exact.quantize(_significant_quantum(exact, digits), rounding=rounding, context=_EXACT)
     return format(rounded, "f")
+
+
+def _significant_quantum(exact: Decimal, digits: int) -> Decimal:
+    """The place of the last of `digits` significant digits of `exact` (0.01 for 4.123 at 3 digits)."""
+    return Decimal(1).scaleb(exact.adjusted() - max(digits, 1) + 1)
 
 
 def percent(x: float) -> str:

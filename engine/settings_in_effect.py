@@ -21,7 +21,7 @@ def settings_in_effect(values: Mapping[str, Any]) -> list[str]:
     mechanism = str(values.get("mechanism") or "dpsgd").strip()
     aggregator = values.get("aggregator")
     aggregator = str(aggregator).strip() if aggregator is not None else None
-    from engine.datasets import has_published_test_split, is_registered
+    from engine.datasets import has_published_test_split, is_registered, takes_test_data
 
     dataset = str(values.get("dataset") or "").strip().lower()
     unused = set()
@@ -29,10 +29,10 @@ def settings_in_effect(values: Mapping[str, Any]) -> list[str]:
         unused.add("momentum")
     if not dataset.endswith(".csv"):
         unused.add("label_column")
-    takes_test_data = not is_registered(dataset) and not dataset.endswith((".npz", ".npy"))  # a CSV or a folder
-    if not takes_test_data:
+    given_apart = takes_test_data(dataset)
+    if not given_apart:
         unused.add("test_data")
-    if has_published_test_split(dataset) or (takes_test_data and str(values.get("test_data") or "").strip()):
+    if has_published_test_split(dataset) or (given_apart and str(values.get("test_data") or "").strip()):
         unused.add("test_fraction")
     if is_registered(dataset):  # its classes are published
         unused.add("classes")
