@@ -21,6 +21,7 @@ from engine.cli_follow import StandbyRunner, StopRequests, follow_runner
 from engine.cli_privacy import RISK_LABEL, check_number, echo_risk_rows, privacy
 from engine.cli_shell import (
     DPWGroup,
+    RunCommand,
     UserError,
     db_option,
     echo_json,
@@ -131,7 +132,7 @@ def end_of_run(store: Any, run_id: int, status: str, *, as_json: bool) -> None:
         sys.exit(1)
 
 
-@cli.command()
+@cli.command(cls=RunCommand)
 @click.argument("run_ref")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the events as JSON lines instead of a progress bar.")
@@ -493,7 +494,7 @@ def ledger(db: Path | None, dataset_name: str | None, delta: float | None, as_js
         click.echo(tabulate(rows, headers="keys", floatfmt=".4g", missingval="-"))
 
 
-@cli.command()
+@cli.command(cls=RunCommand)
 @click.argument("run_ref")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -502,7 +503,7 @@ def ledger(db: Path | None, dataset_name: str | None, delta: float | None, as_js
 @click.option("--risk", is_flag=True,
               help="Show only what the run's guarantee allows the best membership attacker (as dpw privacy risk).")
 def show(run_ref: str, db: Path | None, as_json: bool, include_teacher_stats: bool, risk: bool) -> None:
-    """Show one run (by id or name): config, results, privacy, artifacts.
+    """Show one run (by id, by name, or -1 for the newest): config, results, privacy, artifacts.
 
     Example: dpw show 3 --json
     """
@@ -557,12 +558,13 @@ def show_risk(run_row: dict[str, Any], *, as_json: bool) -> None:
                    note=f"({publishable_epsilon(run_row).accountant})" + upper)
 
 
-@cli.command()
+@cli.command(cls=RunCommand)
 @click.argument("run_refs", nargs=-1, required=True, metavar="RUN...")
 @db_option
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def delete(run_refs: tuple[str, ...], db: Path | None, yes: bool) -> None:
-    """Delete runs (by id or name) with their rows and saved models. A running run is refused.
+    """Delete runs (by id, by name, or -1 for the newest) with their rows and saved models. A running
+    run is refused.
 
     The store keeps one line per deleted run (name, status, epsilon, dates, tags, notes; `dpw list
     --deleted` shows them): the privacy the run spent on its data was spent all the same. Ids are
@@ -587,12 +589,12 @@ def delete(run_refs: tuple[str, ...], db: Path | None, yes: bool) -> None:
         click.echo(f"deleted run {run['id']} ({run['name']})")
 
 
-@cli.command()
+@cli.command(cls=RunCommand)
 @click.argument("run_ref", metavar="RUN")
 @click.argument("tags", nargs=-1, required=True, metavar="TAG...")
 @db_option
 def tag(run_ref: str, tags: tuple[str, ...], db: Path | None) -> None:
-    """Tag a run (by id or name); `dpw list` and the window's filter show them.
+    """Tag a run (by id, by name, or -1 for the newest); `dpw list` and the window's filter show them.
 
     A tag is kept once per run; commas separate tags, as in the window's tags box.
 
@@ -604,12 +606,12 @@ def tag(run_ref: str, tags: tuple[str, ...], db: Path | None) -> None:
     click.echo(f"run {run['id']} ({run['name']}) tags: {', '.join(kept) or '-'}")
 
 
-@cli.command()
+@cli.command(cls=RunCommand)
 @click.argument("run_ref", metavar="RUN")
 @click.argument("tags", nargs=-1, required=True, metavar="TAG...")
 @db_option
 def untag(run_ref: str, tags: tuple[str, ...], db: Path | None) -> None:
-    """Take tags off a run (by id or name); a tag the run does not have is ignored.
+    """Take tags off a run (by id, by name, or -1 for the newest); a tag the run does not have is ignored.
 
     Example: dpw untag 3 baseline
     """
@@ -619,12 +621,12 @@ def untag(run_ref: str, tags: tuple[str, ...], db: Path | None) -> None:
     click.echo(f"run {run['id']} ({run['name']}) tags: {', '.join(kept) or '-'}")
 
 
-@cli.command()
+@cli.command(cls=RunCommand)
 @click.argument("run_ref", metavar="RUN")
 @click.argument("text")
 @db_option
 def note(run_ref: str, text: str, db: Path | None) -> None:
-    """Set a run's notes (by id or name), replacing any before; "" clears them.
+    """Set a run's notes (by id, by name, or -1 for the newest), replacing any before; "" clears them.
 
     Example: dpw note 3 "clipping norm too tight: retry with 1.5"
     """
@@ -671,7 +673,7 @@ def named_path(value: str | None, option: str) -> Path | None:
     return None if value is None else Path(value)
 
 
-@cli.command()
+@cli.command(cls=RunCommand)
 @click.argument("run_ref")
 @db_option
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
@@ -689,14 +691,14 @@ def export(run_ref: str, db: Path | None, out_dir: Path, force: bool) -> None:
 
     store = open_store(db)
     run_row = store.find_run(run_ref)  # read first: a run deleted during its export is still exported whole
-    files = export_run(store, run_ref, out_dir, force=force)
+    files = export_run(store, run_row["id"], out_dir, force=force)
     for name, digest in files.items():
         click.echo(f"{out_dir / name}  {digest}")
     if line := audit_model_line(run_row):
         click.echo(f"NOTE: {line}")
 
 
-@cli.command()
+@cli.command(cls=RunCommand)
 @click.argument("run_ref")
 @db_option
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), required=True,
@@ -722,7 +724,7 @@ def report(run_ref: str, db: Path | None, out_file: Path, include_votes: bool, i
 
 
 # ---- audit -------------------------------------------------------------------------------------
-@cli.command()
+@cli.command(cls=RunCommand)
 @click.argument("run_ref")
 @db_option
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,

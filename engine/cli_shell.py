@@ -65,6 +65,38 @@ class DPWGroup(click.Group):
             raise Interrupted("interrupted (Ctrl-C) before any training started") from None
 
 
+class RunCommand(click.Command):
+    """A command that takes runs (RUN): a run counted back from the newest (`dpw show -1`) is read as a
+    run, not as an unknown option -1; any other unknown option is still refused as one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["context_settings"] = {**(kwargs.get("context_settings") or {}), "ignore_unknown_options": True}
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        from engine.store import COUNTED_BACK
+
+        dashes = args.index("--") if "--" in args else len(args)
+        taken = {a for a in args[:dashes] if COUNTED_BACK.fullmatch(a)} | set(args[dashes + 1:])
+        try:
+            rest = super().parse_args(ctx, list(args))  # the parser empties the list it is given
+        except click.UsageError:  # an unknown option taken as an extra argument is named as what it is
+            self._refuse_unknown(ctx, args[:dashes], taken)
+            raise
+        for param in self.params:
+            if isinstance(param, click.Argument):
+                value = ctx.params.get(param.name)
+                self._refuse_unknown(ctx, value if isinstance(value, tuple) else (value,), taken)
+        return rest
+
+    def _refuse_unknown(self, ctx: click.Context, given: Any, taken: set[str]) -> None:
+        known = {name for param in self.get_params(ctx) for name in (*param.opts, *param.secondary_opts)}
+        for token in given:
+            if (isinstance(token, str) and token[:1] == "-" and len(token) > 1 and token not in taken
+                    and token.split("=", 1)[0] not in known):
+                raise click.NoSuchOption(token, ctx=ctx)
+
+
 db_option = click.option(
     "--db",
     "db",

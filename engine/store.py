@@ -21,6 +21,7 @@ import contextlib
 import datetime as _dt
 import json
 import os
+import re
 import socket
 import sqlite3
 from pathlib import Path
@@ -55,6 +56,8 @@ def default_db_path() -> Path:
 def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
+
+COUNTED_BACK = re.compile(r"-[1-9][0-9]*")  # a run reference counted back from the newest: -1, -2, ...
 
 # ---- schema: plain DDL, run inside the migration's transaction ----------------------------------
 _RUNS_COLUMNS = (
@@ -614,8 +617,19 @@ class Store:
         return run
 
     def find_run(self, ref: str | int) -> dict[str, Any]:
-        """A run by id, or by name (the newest run of that name); an all-digit reference that is no
-        run's id is looked up as a name (a run named "42")."""
+        """A run by id, by name (the newest run of that name) or counted back from the newest run: -1 is
+        the newest, -2 the one before. A reference of that form that points at no run and no name (an
+        all-digit one too, a run named "42") is looked up as a name."""
+        if isinstance(ref, str) and COUNTED_BACK.fullmatch(ref):
+            back = int(ref[1:])
+            row = self.db.conn.execute("select id from runs order by id desc limit 1 offset ?",
+                                       [min(back - 1, 2**62)]).fetchone()
+            if row:
+                return self.get_run(row[0])
+            if not self.db.conn.execute("select 1 from runs where name = ?", [ref]).fetchone():
+                held = self.db.conn.execute("select count(*) from runs").fetchone()[0]
+                raise DPWError(f"no run {ref} in {self.path}: it holds {held} run{'s' * (held != 1)} "
+                               "(-1 is the newest)", hint="`dpw list` shows the runs")
         if isinstance(ref, int) or str(ref).isdigit():
             try:
                 return self.get_run(int(ref))

@@ -125,6 +125,25 @@ def test_a_run_named_twice_is_deleted_once(tmp_path):
     assert result.exit_code == 0 and result.output == "deleted run 1 (twice)\n"
 
 
+def test_commands_taking_a_run_read_minus_one_as_the_newest_and_still_refuse_unknown_options(tmp_path):
+    """`dpw show -1` was refused as the unknown option -1."""
+    store = Store(tmp_path / "r.sqlite")
+    store.create_run(RunConfig(name="older", noise_multiplier=1.0))
+    store.create_run(RunConfig(name="newest", noise_multiplier=1.0))
+    db = ["--db", str(store.path)]
+    shown = CliRunner().invoke(cli, ["show", "-1", "--json", *db])
+    assert shown.exit_code == 0 and json.loads(shown.output)["run"]["name"] == "newest"
+    tagged = CliRunner().invoke(cli, ["tag", "-2", "kept", *db])
+    assert tagged.exit_code == 0 and "run 1 (older) tags: kept" in tagged.output
+    noted = CliRunner().invoke(cli, ["note", "-1", *db, "--", "-x made it worse"])
+    assert noted.exit_code == 0 and store.get_run(2)["notes"] == "-x made it worse"
+    for args, unknown in ((["show", "-1", "--jsn"], "--jsn"), (["delete", "2", "--yse"], "--yse"),
+                          (["show", "-x"], "-x"), (["tag", "1", "--baseline"], "--baseline")):
+        refused = CliRunner().invoke(cli, [*args, *db])
+        assert refused.exit_code == 2 and f"No such option '{unknown}'" in refused.output, args
+    assert len(store.list_runs()) == 2 and store.get_run(1)["tags"] == ["kept"]
+
+
 def test_bad_config_file_is_one_line_naming_the_field(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('dataset = "digits"\nnoise_multiplier = -2.0\n')

@@ -73,6 +73,18 @@ def test_a_run_named_with_digits_is_found_by_name_when_no_id_matches(store):
         store.find_run("7")
 
 
+def test_a_run_counted_back_from_the_newest(store):
+    first = store.create_run(RunConfig(name="first", noise_multiplier=1.0))
+    second = store.create_run(RunConfig(name="second", noise_multiplier=1.0))
+    assert store.find_run("-1")["id"] == second
+    assert store.find_run("-2")["id"] == first
+    for ref in ("-3", "-" + "9" * 30):
+        with pytest.raises(DPWError, match=rf"no run {ref} in .*it holds 2 runs \(-1 is the newest\)"):
+            store.find_run(ref)
+    named = store.create_run(RunConfig(name="-5", noise_multiplier=1.0))  # no fifth newest: the name
+    assert store.find_run("-5")["id"] == named
+
+
 def test_an_id_beyond_sqlites_integers_is_no_run(store):
     """It was an OverflowError traceback from show, tag, delete, export, report, audit and resume."""
     store.create_run(RunConfig(name="r", noise_multiplier=1.0))
