@@ -863,6 +863,7 @@ def _audit_errors(values: dict[str, Any]) -> list[ConfigError]:
 def _data_errors(values: dict[str, Any]) -> list[ConfigError]:
     from engine.feature_scaling import parse_feature_bounds
 
+    from engine.datasets import is_registered_image
     from engine.declared_classes import parse_classes
 
     errors = []
@@ -872,7 +873,9 @@ def _data_errors(values: dict[str, Any]) -> list[ConfigError]:
         except ConfigError as exc:
             errors.append(exc)
     errors.extend(_test_data_errors(values.get("test_data"), values.get("dataset")))
-    if values.get("normalization") == "dp" and values.get("mechanism") != "dpsgd":
+    if values.get("normalization") in TABLE_STATISTICS and is_registered_image(str(values.get("dataset") or "")):
+        errors.append(image_normalization_error(values["normalization"], values["dataset"]))
+    elif values.get("normalization") == "dp" and values.get("mechanism") != "dpsgd":
         errors.append(
             ConfigError(
                 "normalization",
@@ -881,6 +884,16 @@ def _data_errors(values: dict[str, Any]) -> list[ConfigError]:
             )
         )
     return errors
+
+
+TABLE_STATISTICS = ("dp", "exact")  # normalizations that compute statistics of the data: tables only
+
+
+def image_normalization_error(normalization: str, dataset: str) -> ConfigError:
+    """A normalization of TABLE_STATISTICS asked of image data (scaled by fixed constants): refused
+    from the config for a registered image dataset, once loaded for a user's images."""
+    return ConfigError("normalization", f"{normalization!r} computes statistics of tables; {dataset} is an image "
+                       "dataset with fixed constants", hint="use 'bounds' (the default) for image datasets")
 
 
 def _test_data_errors(test_data: str | None, dataset: Any) -> list[ConfigError]:

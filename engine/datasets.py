@@ -265,6 +265,13 @@ def takes_test_data(dataset: str) -> bool:
     return not is_registered(dataset) and not dataset.lower().endswith((".npz", ".npy"))
 
 
+def is_registered_image(name: str) -> bool:
+    """Whether `name` is a registered image dataset (MNIST, CIFAR-10 ...): scaled by fixed constants,
+    so the table settings (normalization, feature_bounds) do not apply to it."""
+    info = _lookup(str(name))
+    return info is not None and info.kind == IMAGE
+
+
 def has_published_test_split(name: str) -> bool:
     """Whether `name` is a registered dataset that comes with its own test files (MNIST, CIFAR-10,
     SVHN ...), in their published order; any other test split is drawn here or given by the user."""

@@ -16,7 +16,7 @@ from typing import Any, Callable, Collection
 import torch
 from torch import nn
 
-from engine.config import RunConfig
+from engine.config import TABLE_STATISTICS, RunConfig, image_normalization_error
 from engine.data_split import SPLIT_BY_EXAMPLE, permuted_subset_rows, subset_rows
 from engine.datasets import Dataset, load_dataset
 from engine.dpsgd import trainer
@@ -215,9 +215,8 @@ def load_run_data(config: RunConfig, *, emit: Emit = _noop, checked_before: Coll
         checked_before=checked_before,
         split_rule=split_rule,
     )
-    if config.normalization in ("dp", "exact") and data.kind != "table":
-        raise ConfigError("normalization", f"{config.normalization!r} computes statistics of tables; {data.name} is an "
-                          "image dataset with fixed constants", hint="use 'bounds' (the default) for image datasets")
+    if config.normalization in TABLE_STATISTICS and data.kind != "table":
+        raise image_normalization_error(config.normalization, data.name)
     if config.normalization == "exact" and config.mechanism != "none":
         emit("warning", message="normalization 'exact' scales the features by the training data's own mean and std, "
              "which the model ships with: this run states no differential privacy guarantee",

@@ -4,8 +4,9 @@
 fields matter only for some values of another one: the momentum only for the 'momentum' optimizer,
 the label column only for a CSV file, test examples given apart only for a CSV file or a folder,
 the test fraction only for data without a test split of its own (published, or given apart), the
-declared classes only for a user's own data, the statistics' noise multiplier only for
-normalization = 'dp'. The setup form shows, and a report lists, exactly these (one rule for both).
+declared classes only for a user's own data, the table scaling settings not for a registered image
+dataset (scaled by fixed constants), the statistics' noise multiplier only for normalization = 'dp'.
+The setup form shows, and a report lists, exactly these (one rule for both).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Mapping
 
 from engine.config import config_fields, fields_used
 
+TABLE_SCALING = ("normalization", "feature_bounds", "normalization_noise_multiplier")
 
 
 def settings_in_effect(values: Mapping[str, Any]) -> list[str]:
@@ -21,7 +23,7 @@ def settings_in_effect(values: Mapping[str, Any]) -> list[str]:
     mechanism = str(values.get("mechanism") or "dpsgd").strip()
     aggregator = values.get("aggregator")
     aggregator = str(aggregator).strip() if aggregator is not None else None
-    from engine.datasets import has_published_test_split, is_registered, takes_test_data
+    from engine.datasets import has_published_test_split, is_registered, is_registered_image, takes_test_data
 
     dataset = str(values.get("dataset") or "").strip().lower()
     unused = set()
@@ -36,6 +38,8 @@ def settings_in_effect(values: Mapping[str, Any]) -> list[str]:
         unused.add("test_fraction")
     if is_registered(dataset):  # its classes are published
         unused.add("classes")
+    if is_registered_image(dataset):
+        unused.update(TABLE_SCALING)
     if str(values.get("normalization") or "").strip() != "dp":
         unused.add("normalization_noise_multiplier")
     return [name for name in fields_used(mechanism, aggregator) if name not in unused]
@@ -53,8 +57,12 @@ def why_without_effect(name: str, values: Mapping[str, Any]) -> str:
     """Why `name` (one of settings_without_effect) is not read, in words."""
     from engine.config import field_spec
 
+    from engine.datasets import is_registered_image
+
     mechanisms = field_spec(name).mechanisms
     mechanism = str(values.get("mechanism") or "dpsgd").strip()
     if mechanisms and mechanism not in mechanisms:
         return f"only {' and '.join(repr(m) for m in mechanisms)} runs read it, and this run's mechanism is {mechanism!r}"
+    if name in TABLE_SCALING and is_registered_image(str(values.get("dataset") or "")):
+        return f"{values.get('dataset')} is an image dataset, scaled by fixed constants"
     return "this run does not read it with its other settings (`dpw settings NAME` says when it applies)"

@@ -15,9 +15,10 @@ from engine.config import RunConfig, check_field, collect_errors, config_fields,
 from engine.errors import ConfigError
 from engine.settings_in_effect import settings_in_effect
 
-UNSET_WHEN_HIDDEN = frozenset({"test_data"})
+UNSET_WHEN_HIDDEN = frozenset({"test_data", "normalization"})
 """Settings the config refuses where they do not apply (test examples given apart beside a registered
-dataset): hidden by the dataset chosen, they are left unset rather than kept to block Start unseen."""
+dataset, a table's normalization beside a registered image dataset): hidden by the dataset chosen, they
+are left unset rather than kept to block Start unseen."""
 THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+")  # 1,000 and 60,000: commas between groups of three
 
 # Training/test split sizes of the registered datasets, for the live cost preview before any data

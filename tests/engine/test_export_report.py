@@ -288,13 +288,6 @@ def test_a_run_scaled_by_its_training_data_statistics_carries_no_guarantee_anywh
     assert any("states no differential privacy guarantee" in w for w in warnings)
 
 
-def test_exact_normalization_is_refused_for_images():
-    from engine.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="normalization: 'exact' computes statistics of tables; digits"):
-        prepare(RunConfig(name="r", dataset="digits", noise_multiplier=1.0, normalization="exact"))
-
-
 def test_non_private_baseline_report_states_no_guarantee(runs):
     store, all_runs = runs
     report = build_report(store, all_runs["baseline"][0], figures=False)

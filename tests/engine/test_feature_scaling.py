@@ -126,9 +126,33 @@ def test_a_run_with_declared_bounds_keeps_the_tight_accountant():
     assert result.test_accuracy > 0.7  # the majority class is 63%; noise is secret, so leave room
 
 
-def test_dp_normalization_on_images_is_refused():
-    with pytest.raises(ConfigError, match="normalization: 'dp' computes statistics of tables"):
-        prepare(RunConfig(**{**TABLE_RUN, "dataset": "digits", "model": "auto"}, normalization="dp"))
+def test_table_statistics_of_a_registered_image_dataset_are_refused_from_the_config():
+    """Refused before any file is read (MNIST's files may be missing); once they were refused only
+    after the data had loaded."""
+    for normalization in ("dp", "exact"):
+        for dataset in ("digits", "mnist", "CIFAR10"):
+            with pytest.raises(ConfigError, match=f"normalization: '{normalization}' computes statistics of tables"):
+                RunConfig(**{**TABLE_RUN, "dataset": dataset, "model": "auto"}, normalization=normalization)
+
+
+def test_table_statistics_of_images_loaded_from_a_file_are_refused(tmp_path: Path):
+    path = tmp_path / "pictures.npz"
+    rng = np.random.default_rng(0)
+    np.savez(path, x=rng.random((40, 1, 8, 8), dtype=np.float32), y=np.arange(40) % 2)
+    with pytest.raises(ConfigError, match="normalization: 'exact' computes statistics of tables; .* image dataset"):
+        prepare(RunConfig(**{**TABLE_RUN, "dataset": str(path), "model": "auto", "mechanism": "none"},
+                          normalization="exact"))
+
+
+def test_the_table_scaling_settings_are_not_in_effect_for_a_registered_image_dataset():
+    from engine.settings_in_effect import TABLE_SCALING, settings_in_effect, settings_without_effect, why_without_effect
+
+    for dataset in ("mnist", "digits"):
+        assert not set(TABLE_SCALING) & set(settings_in_effect({"dataset": dataset, "normalization": "dp"}))
+    assert {"normalization", "feature_bounds"} <= set(settings_in_effect({"dataset": "a.csv"}))
+    values = {"dataset": "mnist", "feature_bounds": "0:1"}
+    assert settings_without_effect(values) == ["feature_bounds"]
+    assert why_without_effect("feature_bounds", values) == "mnist is an image dataset, scaled by fixed constants"
 
 
 def test_the_exported_transform_clips_like_the_engine(tmp_path: Path):

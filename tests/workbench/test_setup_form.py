@@ -268,11 +268,13 @@ def test_fields_the_optimizer_and_dataset_do_not_use_are_hidden(form):
     assert not shown("test_fraction") and not shown("label_column") and not shown("classes")
     form.set_value("dataset", "fmnist")  # an alias of a registered dataset with its own test split
     assert not shown("test_fraction") and not shown("classes")
+    assert not shown("normalization") and not shown("feature_bounds")  # images: fixed constants
     form.set_value("dataset", "digits")
     assert shown("test_fraction") and not shown("label_column") and not shown("classes")
-    assert not shown("test_data")
+    assert not shown("test_data") and not shown("normalization")
     form.set_value("dataset", "/data/patients.csv")
     assert shown("test_fraction") and shown("label_column") and shown("classes") and shown("test_data")
+    assert shown("normalization") and shown("feature_bounds")
     form.set_value("test_data", "/data/held_out.csv")  # the held-out examples given: none are drawn
     assert not shown("test_fraction") and shown("test_data")
     assert form.findChild(QPushButton, "chooseTestDataFile").isVisibleTo(form)
@@ -399,3 +401,17 @@ def test_test_data_left_behind_by_a_change_of_dataset_does_not_block_start(form)
     assert form.valid and form.config().test_data is None
     form.set_value("dataset", "/data/patients.csv")  # back: the text was kept
     assert form.config().test_data == "/data/held_out.csv"
+
+
+def test_a_table_normalization_left_behind_by_a_change_to_images_does_not_block_start(form):
+    """normalization 'exact' chosen for a CSV, then the dataset switched to MNIST (images are scaled by
+    fixed constants, and the config refuses 'exact' for them): the form leaves it unset, hidden."""
+    for name, value in dict(noise_multiplier="1.0", target_epsilon="", delta="1e-5").items():
+        form.set_value(name, value)
+    form.set_value("dataset", "/data/patients.csv")
+    form.set_value("normalization", "exact")
+    assert form.config().normalization == "exact"
+    form.set_value("dataset", "mnist")
+    assert form.valid and form.config().normalization == "bounds"
+    form.set_value("dataset", "/data/patients.csv")  # back: the choice was kept
+    assert form.config().normalization == "exact"
