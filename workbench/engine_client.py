@@ -1,9 +1,11 @@
 """Starts runner processes (`python -m engine.runner RUN_ID --db PATH`) one queue slot at a time,
-reads their JSON-line events as they come, and notices runners that end without a word.
+reads their JSON-line events as they come, and notices runners that end without a word. One runner
+can wait on standby, loaded, for the next run (`keep_standby`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections import deque
@@ -22,6 +24,9 @@ STDERR_KEPT = 4000  # characters of a runner's stderr kept to explain a crash
 def runner_arguments(db_path: Path, run_id: int) -> list[str]:
     """Arguments after the interpreter: the same command `dpw run` starts."""
     return ["-m", "engine.runner", str(run_id), "--db", str(db_path)]
+
+
+STANDBY_ARGUMENTS = ["-m", "engine.runner", "--standby"]  # loads, then reads {"run_id", "db"} on stdin
 
 
 class _Job:
@@ -55,6 +60,9 @@ class EngineClient(QObject):
         self.queue: deque[int] = deque()
         self.jobs: dict[int, _Job] = {}
         self.environment: dict[str, str] = {}
+        self.standby: QProcess | None = None  # a runner loaded ahead of the next run
+        self._standby_environment: dict[str, str] = {}
+        self._standby_wanted = False
 
     # ---- queue ---------------------------------------------------------------------------------
     def submit(self, config: Any, *, continues: int | None = None) -> int:
@@ -92,8 +100,59 @@ class EngineClient(QObject):
         if job is not None:
             job.process.kill()
 
+    def keep_standby(self) -> None:
+        """Keep one runner loaded ahead of the next run (`python -m engine.runner --standby`): it has
+        imported torch and the engine and waits for its run, so the next run starts without those
+        imports (2 to 3 s on a 2-core machine). Started now when no run is running, else when the
+        last one ends; one that dies waiting is not replaced (the next run starts its own runner,
+        which then says what is wrong)."""
+        self._standby_wanted = True
+        self._start_standby()
+
+    def _start_standby(self) -> None:
+        if not self._standby_wanted or self.standby is not None or self.jobs:
+            return  # loading it beside a run would slow the run down
+        process = self._new_process()
+        process.finished.connect(lambda *_: self._standby_died(process))
+        self.standby, self._standby_environment = process, dict(self.environment)
+        process.start(sys.executable, STANDBY_ARGUMENTS)
+
+    def _standby_died(self, process: QProcess) -> None:
+        if self.standby is process:
+            self.standby, self._standby_wanted = None, False
+            process.deleteLater()
+
+    def _take_standby(self, run_id: int) -> QProcess | None:
+        """The standby runner, now handed stored run `run_id`; None when there is none to hand it
+        (not started, still starting, dead, or started with other variables than the runners' now)."""
+        process, self.standby = self.standby, None
+        if process is None:
+            return None
+        process.finished.disconnect()
+        if process.state() != QProcess.ProcessState.Running or self._standby_environment != self.environment:
+            self._end(process)
+            return None
+        process.write((json.dumps({"run_id": run_id, "db": str(self.store.path)}) + "\n").encode())
+        process.closeWriteChannel()
+        return process
+
+    def _end_standby(self) -> None:
+        self._standby_wanted = False
+        process, self.standby = self.standby, None
+        if process is not None:
+            process.finished.disconnect()
+            self._end(process)
+
+    @staticmethod
+    def _end(process: QProcess) -> None:
+        """End a runner that holds no run: it has opened nothing."""
+        process.kill()
+        process.waitForFinished(1000)
+        process.deleteLater()
+
     def shutdown(self, timeout_ms: int = 5000) -> None:
         """Stop everything (window closing): queued runs are dropped, runners asked to stop."""
+        self._end_standby()
         for run_id in list(self.queue):
             self.stop(run_id)
         for job in list(self.jobs.values()):
@@ -109,6 +168,7 @@ class EngineClient(QObject):
         runs, which only this window would start, are dropped. A runner outlives its closed output
         (the store keeps every event). Destroying a QProcess kills a process it still counts as
         running, so each is marked not running before it is let go."""
+        self._end_standby()
         for run_id in list(self.queue):
             self.stop(run_id)
         kept = list(self.jobs)
@@ -131,7 +191,8 @@ class EngineClient(QObject):
             self._launch(run_id)
         self.queue_changed.emit()
 
-    def _launch(self, run_id: int) -> None:
+    def _new_process(self) -> QProcess:
+        """A runner process, not started, with the runners' variables."""
         process = QProcess(self)
         env = QProcessEnvironment.systemEnvironment()
         env.insert("PYTHONUNBUFFERED", "1")
@@ -140,13 +201,20 @@ class EngineClient(QObject):
         for key, value in self.environment.items():
             env.insert(key, value)
         process.setProcessEnvironment(env)
+        return process
+
+    def _launch(self, run_id: int) -> None:
+        process = self._take_standby(run_id)
+        handed = process is not None
+        process = process or self._new_process()
         job = _Job(run_id, process)
         self.jobs[run_id] = job
         process.readyReadStandardOutput.connect(lambda: self._read(job))
         process.readyReadStandardError.connect(lambda: self._read_stderr(job))
         process.finished.connect(lambda code, status: self._ended(job, code, status))
         process.errorOccurred.connect(lambda error: self._failed_to_start(job, error))
-        process.start(sys.executable, runner_arguments(self.store.path, run_id))
+        if not handed:
+            process.start(sys.executable, runner_arguments(self.store.path, run_id))
         self.run_started.emit(run_id)
 
     def _read(self, job: _Job) -> None:
@@ -186,6 +254,7 @@ class EngineClient(QObject):
         job.process.deleteLater()
         self.run_ended.emit(job.run_id, final)
         self._start_next()
+        self._start_standby()
 
     def _explain(self, job: _Job, code: int, status: QProcess.ExitStatus) -> tuple[str, str]:
         tail = job.stderr.decode("utf-8", errors="replace").strip().splitlines()

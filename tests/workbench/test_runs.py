@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 from PySide6.QtCore import QPoint, Qt
 
 from engine.store import Store
@@ -125,6 +128,62 @@ def test_a_killed_runner_is_reported_and_the_window_keeps_working(window, qtbot,
     second = start(window, qtbot)
     qtbot.waitUntil(lambda: window.run_data[second].finished, timeout=RUN_TIMEOUT_MS)
     assert window.run_data[second].status == "finished"
+
+
+def test_a_runner_on_standby_takes_the_next_run_and_another_waits_after_it(window, qtbot, db_path):
+    """The window keeps one runner loaded (torch and the engine imported) for the next Start."""
+    client = window.client
+    client.keep_standby()
+    standby = client.standby
+    qtbot.waitUntil(lambda: standby.state() == standby.ProcessState.Running, timeout=10000)
+    first_pid = standby.processId()
+    quick_digits(window, "digits-standby", epochs=1)
+    run_id = start(window, qtbot)
+    assert client.jobs[run_id].process is standby and client.standby is None  # none loads beside a run
+    qtbot.waitUntil(lambda: window.run_data[run_id].finished, timeout=RUN_TIMEOUT_MS)
+    assert window.run_data[run_id].status == "finished" and Store(db_path).get_run(run_id)["status"] == "finished"
+    qtbot.waitUntil(lambda: client.standby is not None, timeout=10000)  # the next one, once the run ended
+    waiting = client.standby
+    qtbot.waitUntil(lambda: waiting.state() == waiting.ProcessState.Running, timeout=10000)
+    assert waiting.processId() != first_pid
+    # one that dies waiting is not replaced; the next run starts a runner of its own
+    os.kill(waiting.processId(), signal.SIGKILL)
+    qtbot.waitUntil(lambda: client.standby is None, timeout=10000)
+    quick_digits(window, "digits-own-runner", epochs=1)
+    second = start(window, qtbot)
+    qtbot.waitUntil(lambda: window.run_data[second].finished, timeout=RUN_TIMEOUT_MS)
+    assert window.run_data[second].status == "finished" and client.standby is None
+
+
+def test_a_standby_runner_is_not_handed_a_run_after_the_runners_variables_changed_and_ends_with_the_window(
+        window, qtbot, db_path):
+    client = window.client
+    client.keep_standby()
+    old = client.standby
+    qtbot.waitUntil(lambda: old.state() == old.ProcessState.Running, timeout=10000)
+    old_pid = old.processId()
+    client.environment["DPW_TEST_MARK"] = "1"  # loaded with other variables: ended, not used
+    quick_digits(window, "digits-new-variables", epochs=1)
+    run_id = start(window, qtbot)
+    assert client.jobs[run_id].process is not old
+    qtbot.waitUntil(lambda: window.run_data[run_id].finished, timeout=RUN_TIMEOUT_MS)
+    assert window.run_data[run_id].status == "finished"
+    assert not pid_alive(old_pid)
+    qtbot.waitUntil(lambda: client.standby is not None, timeout=10000)
+    waiting = client.standby
+    qtbot.waitUntil(lambda: waiting.state() == waiting.ProcessState.Running, timeout=10000)
+    pid = waiting.processId()
+    client.shutdown()
+    assert client.standby is None and not pid_alive(pid)
+    assert [r["id"] for r in Store(db_path).list_runs()] == [run_id]  # the standby stored nothing
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_a_config_whose_data_is_missing_is_refused_before_a_run_is_stored(window, qtbot, db_path, tmp_path):
