@@ -636,6 +636,22 @@ def note(run_ref: str, text: str, db: Path | None) -> None:
     click.echo(f"run {run['id']} ({run['name']}) notes " + ("set" if text.strip() else "cleared"))
 
 
+@cli.command(cls=RunCommand)
+@click.argument("run_ref", metavar="RUN")
+@click.argument("new_name", metavar="NAME")
+@db_option
+def rename(run_ref: str, new_name: str, db: Path | None) -> None:
+    """Give a run (by id, by name, or -1 for the newest) another name; its guarantee, config hash and
+    report are otherwise unchanged.
+
+    Example: dpw rename 3 "digits lr 0.5"
+    """
+    store = open_store(db)
+    run = store.find_run(run_ref)
+    name = store.rename_run(run["id"], new_name)
+    click.echo(f"run {run['id']} renamed: {run['name']} -> {name}")
+
+
 TEACHER_STATS = ("teacher_accuracy", "ensemble_accuracy")
 
 

@@ -15,6 +15,7 @@ import json
 import math
 import re
 import tomllib
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -783,6 +784,9 @@ def check_field(name: str, value: Any) -> ConfigError | None:
             return ConfigError(name, f"{as_toml(value)} is out of range; allowed: {spec.allowed()}")
     if spec.kind is str and not value.strip() and not spec.optional:
         return ConfigError(name, "must not be empty")
+    if name == "name" and any(unicodedata.category(c) == "Cc" for c in value):
+        return ConfigError(name, f"{value!r} holds a line break or another control character",
+                           hint="a run's name is one line of text")
     return None
 
 

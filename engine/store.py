@@ -542,6 +542,23 @@ class Store:
             self._check_run(conn, run_id)
             conn.execute("update runs set notes = ? where id = ?", [text, run_id])
 
+    def rename_run(self, run_id: int, name: str) -> str:
+        """Give a run another name (the user's label: not in its config hash, so nothing it states
+        changes); its config says the same name, so a run set up again from it or continued keeps it.
+        Returns the name, stripped; one the config would refuse is refused."""
+        from engine.config import check_field
+
+        name = str(name).strip()
+        if error := check_field("name", name):
+            raise error
+        with self._write() as conn:
+            self._check_run(conn, run_id)
+            (config,) = conn.execute("select config from runs where id = ?", [run_id]).fetchone()
+            config = {**(json.loads(config) if config else {}), "name": name}
+            conn.execute("update runs set name = ?, config = ? where id = ?",
+                         [name, json.dumps(config, sort_keys=True), run_id])
+        return name
+
     def _check_run(self, conn: sqlite3.Connection, run_id: int) -> None:
         if conn.execute("select 1 from runs where id = ?", [run_id]).fetchone() is None:
             raise DPWError(f"no run with id {run_id} in {self.path}", hint="`dpw list` shows the runs")

@@ -104,7 +104,7 @@ def _build_report(store: Store, run_ref: Any, **options: Any) -> dict[str, Any]:
 # What a client may ask for: the store's own reads and the few writes a window does ...
 STORE_METHODS = frozenset({"list_runs", "get_run", "find_run", "events", "metrics", "privacy", "votes",
                            "artifacts", "deleted_runs", "table_counts", "update_run", "reconcile_orphans",
-                           "tags", "set_tags", "add_tags", "remove_tags", "set_notes"})
+                           "tags", "set_tags", "add_tags", "remove_tags", "set_notes", "rename_run"})
 # ... and what needs more than one Store call.
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     "replay": replay, "create_run": _create_run, "continue_run": _continue_run, "remove_run": _remove_run, "export_run": _export_run,
@@ -119,7 +119,10 @@ def error_reply(exc: BaseException, *, store_path: Path | None = None) -> dict[s
     message, hint, is_bug = explain(exc, store_path=store_path)
     if is_bug:
         return {"type": type(exc).__name__, "message": str(exc), "hint": None, "user_error": False}
-    return {"type": type(exc).__name__, "message": message, "hint": hint, "user_error": True}
+    reply = {"type": type(exc).__name__, "message": message, "hint": hint, "user_error": True}
+    if isinstance(getattr(exc, "field", None), str):  # a ConfigError: which setting it is about
+        reply["field"] = exc.field
+    return reply
 
 
 def answer(store: Store, request: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
     QHeaderView,
+    QInputDialog,
     QLabel,
     QMainWindow,
     QMenu,
@@ -214,6 +215,11 @@ class MainWindow(QMainWindow):
         self.removeAction(self.act_delete)
         self.act_delete.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
         self.runs_view.addAction(self.act_delete)
+        self.act_rename = self._action("Re&name run…", self.rename_selected, "F2",
+                                       "Give the selected run another name (its guarantee is unchanged)")
+        self.removeAction(self.act_rename)  # F2 renames where the runs list has the focus, as Delete deletes
+        self.act_rename.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
+        self.runs_view.addAction(self.act_rename)
         self.act_refresh = self._action("Re&fresh", self.refresh_runs, QKeySequence.StandardKey.Refresh)
         self.act_quit = self._action("&Quit", self.quit_by_user, QKeySequence.StandardKey.Quit)
         self.act_setup = self._action("Set&up", lambda: self.tabs.setCurrentWidget(self.form), "Ctrl+1")
@@ -234,7 +240,7 @@ class MainWindow(QMainWindow):
         run_menu = bar.addMenu("&Run")
         for action in (self.act_new, self.act_start, self.act_stop, self.act_continue, None, self.act_study, None,
                        self.act_export,
-                       self.act_report, self.act_reuse, None, self.act_delete):
+                       self.act_report, self.act_reuse, None, self.act_rename, self.act_delete):
             run_menu.addSeparator() if action is None else run_menu.addAction(action)
         self.toolbar = QToolBar("Main toolbar", self)
         self.toolbar.setObjectName("mainToolbar")  # saveState keeps where the user put it
@@ -498,6 +504,7 @@ class MainWindow(QMainWindow):
         self.act_reuse.setEnabled(chosen)
         self.act_continue.setEnabled(chosen and not active and not elsewhere and self._continuable(row))
         self.act_delete.setEnabled(run_id is not None and run_id not in self.client.jobs and not elsewhere)
+        self.act_rename.setEnabled(chosen)
 
     def show_ledger(self) -> None:
         """View ▸ Privacy ledger: every dataset's total spend (workbench.ledger_dialog)."""
@@ -551,7 +558,7 @@ class MainWindow(QMainWindow):
             self._select_row(index.row())
         menu = QMenu(self)
         for action in (self.act_stop, self.act_continue, self.act_export, self.act_report, self.act_reuse,
-                       self.act_compare, None, self.act_delete):
+                       self.act_compare, None, self.act_rename, self.act_delete):
             menu.addSeparator() if action is None else menu.addAction(action)
         menu.popup(self.runs_view.viewport().mapToGlobal(pos))
 
@@ -643,6 +650,30 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Run {run_id} taken off the queue before it started: no step taken, no "
                                      "privacy spent" if queued else f"Stopping run {run_id} after its current step…",
                                      5000)
+
+    def rename_selected(self, name: str | None = None) -> str | None:
+        """Run ▸ Rename run (F2 in the list): the selected run gets another name, asked for when `name`
+        is None. Returns the name stored, or None (cancelled, or refused: said in the status bar)."""
+        run_id = self.current_run_id
+        row = self._listed_row(run_id)
+        if row is None:
+            return None
+        if name is None:
+            name, ok = QInputDialog.getText(self, "Rename run", f"New name of run {run_id}:", text=row["name"])
+            if not ok:
+                return None
+        try:
+            stored = self.store.rename_run(run_id, name)
+        except Exception as exc:  # a name the config refuses, a locked store: said, the window goes on
+            self.statusBar().showMessage(f"Run {run_id} not renamed: {describe_error(exc)}", 15000)
+            return None
+        if (data := self.run_data.get(run_id)) is not None:
+            data.name = stored
+            data.config = {**data.config, "name": stored}
+            data.version += 1  # the dashboard's header redraws
+        self.refresh_runs()
+        self.statusBar().showMessage(f"Run {run_id} renamed: {row['name']} → {stored}", 8000)
+        return stored
 
     def delete_selected(self, *, confirm: bool = True) -> list[int]:
         """Delete the selected runs (after asking); a running one is refused, a queued one is dropped

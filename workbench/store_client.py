@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.errors import DPWError
+from engine.errors import ConfigError, DPWError
 
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 60.0
@@ -41,13 +41,17 @@ class RemoteError(Exception):
         self.kind = kind
 
 
-def user_error_class(name: str | None) -> type[DPWError]:
-    """The engine.errors class a helper's user error was raised as (a caller may act on its kind, e.g.
-    offer to replace an export's files), or DPWError."""
+def user_error(error: dict[str, Any]) -> DPWError:
+    """A helper's user error as the engine.errors class it was raised as (a caller may act on its kind,
+    e.g. offer to replace an export's files, or mark a ConfigError's field), else a DPWError."""
     import engine.errors
 
-    found = getattr(engine.errors, name or "", None)
-    return found if isinstance(found, type) and issubclass(found, DPWError) else DPWError
+    found = getattr(engine.errors, error.get("type") or "", None)
+    kind = found if isinstance(found, type) and issubclass(found, DPWError) else DPWError
+    if issubclass(kind, ConfigError):
+        field = str(error.get("field") or "")
+        return kind(field, error["message"].removeprefix(f"{field}: "), hint=error.get("hint"))
+    return kind(error["message"], hint=error.get("hint"))
 
 
 class StoreClient:
@@ -89,7 +93,7 @@ class StoreClient:
             detail = error["message"] if error else self._stderr_tail()
             self._stop()
             if error and error.get("user_error"):
-                raise user_error_class(error.get("type"))(error["message"], hint=error.get("hint"))
+                raise user_error(error)
             raise StoreHelperError(f"cannot open {self.path}: {detail}",
                                    hint="check that the file is a DP Workbench store and can be read")
         self._ready = True
@@ -184,7 +188,7 @@ class StoreClient:
         if error is None:
             return reply.get("result")
         if error.get("user_error"):
-            raise user_error_class(error.get("type"))(error["message"], hint=error.get("hint"))
+            raise user_error(error)
         raise RemoteError(error["type"], error["message"])
 
     # ---- the Store methods the workbench uses -------------------------------------------------
@@ -238,6 +242,9 @@ class StoreClient:
 
     def set_notes(self, run_id: int, notes: str) -> None:
         self.call("set_notes", run_id, notes)
+
+    def rename_run(self, run_id: int, name: str) -> str:
+        return self.call("rename_run", run_id, name)
 
     def remove_run(self, run_id: int) -> dict[str, Any]:
         """Delete a run and its saved files (engine.runner.remove_run)."""

@@ -144,6 +144,16 @@ def test_commands_taking_a_run_read_minus_one_as_the_newest_and_still_refuse_unk
     assert len(store.list_runs()) == 2 and store.get_run(1)["tags"] == ["kept"]
 
 
+def test_dpw_rename_gives_the_newest_run_another_name(tmp_path):
+    store = Store(tmp_path / "r.sqlite")
+    store.create_run(RunConfig(name="quickstart", noise_multiplier=1.0))
+    result = CliRunner().invoke(cli, ["rename", "-1", "digits, lr 0.5", "--db", str(store.path)])
+    assert result.exit_code == 0 and result.output == "run 1 renamed: quickstart -> digits, lr 0.5\n"
+    assert store.find_run("digits, lr 0.5")["id"] == 1
+    refused = CliRunner().invoke(cli, ["rename", "1", " ", "--db", str(store.path)])
+    assert refused.exit_code == 1 and refused.output == "error: name: must not be empty\n"
+
+
 def test_bad_config_file_is_one_line_naming_the_field(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('dataset = "digits"\nnoise_multiplier = -2.0\n')

@@ -85,6 +85,23 @@ def test_a_run_counted_back_from_the_newest(store):
     assert store.find_run("-5")["id"] == named
 
 
+def test_a_renamed_run_is_found_by_its_new_name_with_its_config_hash_unchanged(store):
+    run_id = store.create_run(RunConfig(name="first try", noise_multiplier=1.0))
+    before = store.get_run(run_id)
+    assert store.rename_run(run_id, "  lr 0.5  ") == "lr 0.5"
+    after = store.find_run("lr 0.5")
+    assert after["id"] == run_id and after["config"]["name"] == "lr 0.5"
+    assert after["config_hash"] == before["config_hash"] == RunConfig.from_dict(after["config"]).config_hash()
+    assert {k: v for k, v in after["config"].items() if k != "name"} == \
+        {k: v for k, v in before["config"].items() if k != "name"}
+    for bad, words in (("", "must not be empty"), ("two\nlines", "line break")):
+        with pytest.raises(DPWError, match=words):
+            store.rename_run(run_id, bad)
+    with pytest.raises(DPWError, match="no run with id 9"):
+        store.rename_run(9, "x")
+    assert store.get_run(run_id)["name"] == "lr 0.5"
+
+
 def test_an_id_beyond_sqlites_integers_is_no_run(store):
     """It was an OverflowError traceback from show, tag, delete, export, report, audit and resume."""
     store.create_run(RunConfig(name="r", noise_multiplier=1.0))

@@ -3,9 +3,9 @@ deleted runs, and run actions that follow the selection."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QItemSelectionModel, Qt
+from PySide6.QtCore import QItemSelectionModel, Qt, QTimer
 from PySide6.QtGui import QPalette
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QInputDialog
 
 from engine.config import RunConfig
 from engine.store import Store
@@ -128,3 +128,32 @@ def test_the_config_panel_lists_only_the_settings_the_runs_mechanism_uses(qtbot)
     shown = dict(panel.rows_text())
     assert shown["noise_multiplier"] == "1.1" and "clipping_norm" in shown
     assert "aggregator" not in shown and "num_teachers" not in shown and "schema_version" not in shown
+
+
+def test_f2_in_the_runs_list_renames_the_selected_run_in_the_store_list_and_dashboard(window, qtbot, db_path):
+    made = make_runs(window)
+    window.select_run(made["alpha"])
+    window.runs_view.setFocus()
+    asked = []
+
+    def answer() -> None:
+        dialog = QApplication.activeModalWidget()
+        assert isinstance(dialog, QInputDialog)
+        asked.append(dialog.textValue())
+        dialog.setTextValue("  alpha, lr 0.5  ")
+        dialog.accept()
+
+    QTimer.singleShot(300, answer)
+    qtbot.keyClick(window.runs_view, Qt.Key.Key_F2)
+    assert asked == ["alpha"]  # the dialog starts from the current name
+    stored = Store(db_path, readonly=True).get_run(made["alpha"])
+    assert stored["name"] == stored["config"]["name"] == "alpha, lr 0.5"
+    assert "alpha, lr 0.5" in shown_names(window) and "alpha" not in shown_names(window)
+    qtbot.waitUntil(lambda: window.dashboard.title.text().startswith(f"Run {made['alpha']}: alpha, lr 0.5"),
+                    timeout=5000)
+    assert "renamed: alpha → alpha, lr 0.5" in window.statusBar().currentMessage()
+    # a name the config refuses is said, and nothing changes
+    assert window.rename_selected("   ") is None
+    assert "not renamed: name: must not be empty" in window.statusBar().currentMessage()
+    assert Store(db_path, readonly=True).get_run(made["alpha"])["name"] == "alpha, lr 0.5"
+    window.close()

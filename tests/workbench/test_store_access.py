@@ -208,6 +208,17 @@ def test_a_killed_store_helper_is_started_again_and_the_status_bar_says_so(windo
     assert [row["name"] for row in window.runs_model.rows] == ["renamed"]
 
 
+def test_a_setting_refused_inside_the_store_helper_arrives_as_that_settings_error(window, db_path):
+    """A ConfigError from the helper was rebuilt without its field: a TypeError instead of the message."""
+    from engine.errors import ConfigError
+
+    run_id = finished_run(window, "named")
+    with pytest.raises(ConfigError) as refused:
+        window.store.rename_run(run_id, "two\nlines")
+    assert refused.value.field == "name" and refused.value.message.startswith("name: 'two\\nlines' holds a line break")
+    assert refused.value.hint == "a run's name is one line of text"
+
+
 def test_a_store_that_is_not_a_store_is_one_message_not_a_traceback(tmp_path, qtbot):
     from engine.errors import DPWError
     from workbench.app import create_app
