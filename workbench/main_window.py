@@ -659,9 +659,14 @@ class MainWindow(QMainWindow):
         if row is None:
             return None
         if name is None:
-            name, ok = QInputDialog.getText(self, "Rename run", f"New name of run {run_id}:", text=row["name"])
-            if not ok:
+            dialog = QInputDialog(self)
+            dialog.setWindowTitle("Rename run")
+            dialog.setLabelText(f"New name of run {run_id} (its guarantee and config hash stay):")
+            dialog.setTextValue(row["name"])
+            dialog.resize(max(dialog.sizeHint().width(), 460), dialog.sizeHint().height())
+            if dialog.exec() != QInputDialog.DialogCode.Accepted:
                 return None
+            name = dialog.textValue()
         try:
             stored = self.store.rename_run(run_id, name)
         except Exception as exc:  # a name the config refuses, a locked store: said, the window goes on
