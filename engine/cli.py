@@ -197,7 +197,7 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
 
     Example: dpw study resources/examples/study-digits.toml --plan
     """
-    from engine.study import plan_lines, plan_summary, run_study
+    from engine.study import plan_candidates, plan_lines, plan_summary, run_study
     from engine.study_config import StudyConfig
 
     config = StudyConfig.load_toml(study_file)
@@ -220,14 +220,24 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
             setting = ", ".join(f"{k} = {v!r}" for k, v in payload["setting"].items())
             click.echo(f"candidate {payload['index']}: run {payload['run_id']} ({setting})", err=True)
 
+    plan = plan_candidates(config)
     stops = StopRequests()
-    with stops.installed():  # a stop between candidates, or while one starts, is not lost
+    standbys = [StandbyRunner()]  # the first candidate's runner loads while the study checks its data
+    launched = 0
+    # (stops installed for the whole study: a stop between candidates, or while one starts, is not lost)
+    with stops.installed(), contextlib.ExitStack() as ends:
+        ends.callback(lambda: [standby.close() for standby in standbys])
 
         def launch(run_id: int) -> str:
-            status = follow_runner(store.path, run_id, as_json=as_json, store=store, stops=stops)
+            nonlocal launched
+            standby = standbys.pop()
+            launched += 1
+            if launched < len(plan.configs):  # the next candidate's runner loads while this one trains
+                standbys.append(StandbyRunner())
+            status = follow_runner(store.path, run_id, as_json=as_json, store=store, stops=stops, standby=standby)
             return "stopped" if stops.requested else status
 
-        result = run_study(config, store, launch, emit=emit, should_stop=lambda: stops.requested)
+        result = run_study(config, store, launch, emit=emit, plan=plan, should_stop=lambda: stops.requested)
     if as_json:
         return
     row = store.get_study(result.study_id)

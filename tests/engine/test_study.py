@@ -9,6 +9,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -320,19 +321,34 @@ def test_an_exploratory_studys_report_says_the_selection_is_not_covered(tmp_path
     assert sentence in card["privacy"]["statement"]
 
 
-def test_dpw_study_runs_its_candidates_in_runner_processes(tmp_path):
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads processes' environments from /proc")
+def test_dpw_study_runs_its_candidates_in_runner_processes_and_leaves_none_behind(tmp_path):
+    """Each candidate's runner is loaded on standby ahead of it; none is left when the study ends, nor
+    when its data check refuses it."""
+    from test_cli import processes_marked
+
+    marker = f"{uuid.uuid4().hex}"
+    env = {**os.environ, "DPW_TEST_MARK": marker}
     path = tmp_path / "study.toml"
     base = "\n".join(f"{k} = {json.dumps(v)}" for k, v in BASE.items())
-    path.write_text(f'name = "cli"\nmode = "composition"\n[base]\n{base}\n[space]\nlearning_rate = [1.0]\n')
+    path.write_text(f'name = "cli"\nmode = "composition"\n[base]\n{base}\n[space]\nlearning_rate = [1.0, 0.5]\n')
     db = tmp_path / "runs.sqlite"
     dpw = Path(sys.executable).with_name("dpw")
     done = subprocess.run([str(dpw), "study", str(path), "--db", str(db)], capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, env=env)
     assert done.returncode == 0, done.stderr
-    assert "candidate 1: run 1" in done.stderr and "study 1 (cli, composition): finished, 1 runs" in done.stdout
-    expected = dp_accounting_composition([1.0])
-    run = Store(db).get_run(1)
-    assert run["study_id"] == 1 and publishable_epsilon(run).value == pytest.approx(expected, rel=1e-4)
+    assert "candidate 2: run 2" in done.stderr and "study 1 (cli, composition): finished, 2 runs" in done.stdout
+    expected = dp_accounting_composition([1.0, 1.0])  # two runs at noise 1.0 (their learning rates differ)
+    runs = [Store(db).get_run(run_id) for run_id in (1, 2)]
+    assert [(run["study_id"], run["status"]) for run in runs] == [(1, "finished"), (1, "finished")]
+    assert publishable_epsilon(runs[0]).value == pytest.approx(expected, rel=1e-4)
+    assert processes_marked(f"DPW_TEST_MARK={marker}") == []
+    missing = tmp_path / "missing.toml"
+    missing.write_text(path.read_text().replace(f'dataset = "{BASE["dataset"]}"', 'dataset = "nowhere.csv"'))
+    refused = subprocess.run([str(dpw), "study", str(missing), "--db", str(db)], capture_output=True, text=True,
+                             timeout=600, env=env)
+    assert refused.returncode == 1 and "nowhere.csv" in refused.stderr and "Traceback" not in refused.stderr
+    assert processes_marked(f"DPW_TEST_MARK={marker}") == []
 
 
 # ---- the store -------------------------------------------------------------------------------------
