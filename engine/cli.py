@@ -133,7 +133,7 @@ def end_of_run(store: Any, run_id: int, status: str, *, as_json: bool) -> None:
 
 
 @cli.command(cls=RunCommand)
-@click.argument("run_ref")
+@click.argument("run_ref", metavar="RUN")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the events as JSON lines instead of a progress bar.")
 @click.option("--nproc", type=int, default=1, show_default=True,
@@ -505,7 +505,7 @@ def ledger(db: Path | None, dataset_name: str | None, delta: float | None, as_js
 
 
 @cli.command(cls=RunCommand)
-@click.argument("run_ref")
+@click.argument("run_ref", metavar="RUN")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--include-teacher-stats", is_flag=True,
@@ -513,7 +513,7 @@ def ledger(db: Path | None, dataset_name: str | None, delta: float | None, as_js
 @click.option("--risk", is_flag=True,
               help="Show only what the run's guarantee allows the best membership attacker (as dpw privacy risk).")
 def show(run_ref: str, db: Path | None, as_json: bool, include_teacher_stats: bool, risk: bool) -> None:
-    """Show one run (by id, by name, or -1 for the newest): config, results, privacy, artifacts.
+    """Show one run: config, results, privacy, artifacts.
 
     Example: dpw show 3 --json
     """
@@ -573,8 +573,7 @@ def show_risk(run_row: dict[str, Any], *, as_json: bool) -> None:
 @db_option
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def delete(run_refs: tuple[str, ...], db: Path | None, yes: bool) -> None:
-    """Delete runs (by id, by name, or -1 for the newest) with their rows and saved models. A running
-    run is refused.
+    """Delete runs with their rows and saved models. A running run is refused.
 
     The store keeps one line per deleted run (name, status, epsilon, dates, tags, notes; `dpw list
     --deleted` shows them): the privacy the run spent on its data was spent all the same. Ids are
@@ -604,7 +603,7 @@ def delete(run_refs: tuple[str, ...], db: Path | None, yes: bool) -> None:
 @click.argument("tags", nargs=-1, required=True, metavar="TAG...")
 @db_option
 def tag(run_ref: str, tags: tuple[str, ...], db: Path | None) -> None:
-    """Tag a run (by id, by name, or -1 for the newest); `dpw list` and the window's filter show them.
+    """Tag a run; `dpw list` and the window's filter show them.
 
     A tag is kept once per run; commas separate tags, as in the window's tags box.
 
@@ -621,7 +620,7 @@ def tag(run_ref: str, tags: tuple[str, ...], db: Path | None) -> None:
 @click.argument("tags", nargs=-1, required=True, metavar="TAG...")
 @db_option
 def untag(run_ref: str, tags: tuple[str, ...], db: Path | None) -> None:
-    """Take tags off a run (by id, by name, or -1 for the newest); a tag the run does not have is ignored.
+    """Take tags off a run; a tag the run does not have is ignored.
 
     Example: dpw untag 3 baseline
     """
@@ -636,7 +635,7 @@ def untag(run_ref: str, tags: tuple[str, ...], db: Path | None) -> None:
 @click.argument("text")
 @db_option
 def note(run_ref: str, text: str, db: Path | None) -> None:
-    """Set a run's notes (by id, by name, or -1 for the newest), replacing any before; "" clears them.
+    """Set a run's notes, replacing any before; "" clears them.
 
     Example: dpw note 3 "clipping norm too tight: retry with 1.5"
     """
@@ -651,8 +650,7 @@ def note(run_ref: str, text: str, db: Path | None) -> None:
 @click.argument("new_name", metavar="NAME")
 @db_option
 def rename(run_ref: str, new_name: str, db: Path | None) -> None:
-    """Give a run (by id, by name, or -1 for the newest) another name; its guarantee, config hash and
-    report are otherwise unchanged.
+    """Give a run another name; its guarantee, config hash and report are otherwise unchanged.
 
     Example: dpw rename 3 "digits lr 0.5"
     """
@@ -700,7 +698,7 @@ def named_path(value: str | None, option: str) -> Path | None:
 
 
 @cli.command(cls=RunCommand)
-@click.argument("run_ref")
+@click.argument("run_ref", metavar="RUN")
 @db_option
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
               callback=lambda _ctx, _param, value: named_path(value, "--out"),
@@ -725,7 +723,7 @@ def export(run_ref: str, db: Path | None, out_dir: Path, force: bool) -> None:
 
 
 @cli.command(cls=RunCommand)
-@click.argument("run_ref")
+@click.argument("run_ref", metavar="RUN")
 @db_option
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), required=True,
               callback=lambda _ctx, _param, value: named_path(value, "--out"),
@@ -751,7 +749,7 @@ def report(run_ref: str, db: Path | None, out_file: Path, include_votes: bool, i
 
 # ---- audit -------------------------------------------------------------------------------------
 @cli.command(cls=RunCommand)
-@click.argument("run_ref")
+@click.argument("run_ref", metavar="RUN")
 @db_option
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the run's dataset is (default: the folder the run used).")

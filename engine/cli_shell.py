@@ -3,6 +3,7 @@ the --db option and the store it opens, strict JSON output."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sqlite3
@@ -65,12 +66,18 @@ class DPWGroup(click.Group):
             raise Interrupted("interrupted (Ctrl-C) before any training started") from None
 
 
+RUN_REFERENCE = ("RUN is a run's id, its name (the newest run of that name), or the newest run counted "
+                 "back: -1 the newest, -2 the one before.")
+
+
 class RunCommand(click.Command):
     """A command that takes runs (RUN): a run counted back from the newest (`dpw show -1`) is read as a
     run, not as an unknown option -1; any other unknown option is still refused as one."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["context_settings"] = {**(kwargs.get("context_settings") or {}), "ignore_unknown_options": True}
+        if kwargs.get("help"):
+            kwargs["help"] = inspect.cleandoc(kwargs["help"]) + "\n\n" + RUN_REFERENCE
         super().__init__(*args, **kwargs)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
