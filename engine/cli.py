@@ -197,7 +197,7 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
 
     Example: dpw study resources/examples/study-digits.toml --plan
     """
-    from engine.study import plan_candidates, plan_lines, plan_summary, run_study
+    from engine.study import first_candidate, plan_candidates, plan_lines, plan_summary
     from engine.study_config import StudyConfig
 
     config = StudyConfig.load_toml(study_file)
@@ -210,8 +210,24 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
         for label, text in [] if as_json else plan_lines(summary):
             click.echo(f"  {label:<14} {text}")
         return
-    store = open_store(db, create=True)
-    store.check_writable()
+    from engine.precheck import check_before_storing
+
+    plan = plan_candidates(config)
+    first = first_candidate(config, plan)
+    standbys = [StandbyRunner()] if plan.configs else []  # the first candidate's runner loads meanwhile
+    with contextlib.ExitStack() as ends:
+        ends.callback(lambda: [standby.close() for standby in standbys])
+        checked = []  # as dpw run's: the data is read and the config checked before a store is created
+        store = open_store_after_check(
+            db, lambda before: checked.append(check_before_storing(first, checked_before=before)),
+            dataset=first.dataset)
+        _run_study(config, plan, store, standbys, num_train=checked[0].data.num_train, as_json=as_json)
+
+
+def _run_study(config: Any, plan: Any, store: Any, standbys: list, *, num_train: int, as_json: bool) -> None:
+    """dpw study's run: its candidates one after another, each handed to the runner loaded on standby
+    ahead of it (the next one loads while the one before it trains), then the study's summary."""
+    from engine.study import run_study
 
     def emit(kind: str, **payload: Any) -> None:
         if as_json:
@@ -220,13 +236,9 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
             setting = ", ".join(f"{k} = {v!r}" for k, v in payload["setting"].items())
             click.echo(f"candidate {payload['index']}: run {payload['run_id']} ({setting})", err=True)
 
-    plan = plan_candidates(config)
     stops = StopRequests()
-    standbys = [StandbyRunner()]  # the first candidate's runner loads while the study checks its data
     launched = 0
-    # (stops installed for the whole study: a stop between candidates, or while one starts, is not lost)
-    with stops.installed(), contextlib.ExitStack() as ends:
-        ends.callback(lambda: [standby.close() for standby in standbys])
+    with stops.installed():  # for the whole study: a stop between candidates, or while one starts, is not lost
 
         def launch(run_id: int) -> str:
             nonlocal launched
@@ -237,7 +249,8 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
             status = follow_runner(store.path, run_id, as_json=as_json, store=store, stops=stops, standby=standby)
             return "stopped" if stops.requested else status
 
-        result = run_study(config, store, launch, emit=emit, plan=plan, should_stop=lambda: stops.requested)
+        result = run_study(config, store, launch, emit=emit, plan=plan, should_stop=lambda: stops.requested,
+                           num_train=num_train)
     if as_json:
         return
     row = store.get_study(result.study_id)

@@ -297,18 +297,27 @@ def plan_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 # ---- running -------------------------------------------------------------------------------------
+def first_candidate(config: StudyConfig, plan: StudyPlan) -> RunConfig:
+    """The candidate whose data a study checks before it runs (one of the grid's when none was drawn):
+    every candidate trains on the same data."""
+    return plan.configs[0] if plan.configs else config.candidate(config.grid()[0])
+
+
 def run_study(config: StudyConfig, store: Store, launch: Launch, *, emit: Emit | None = None,
-              plan: StudyPlan | None = None, should_stop: Callable[[], bool] = lambda: False) -> StudyResult:
+              plan: StudyPlan | None = None, should_stop: Callable[[], bool] = lambda: False,
+              num_train: int | None = None) -> StudyResult:
     """Store the study, run its candidates one after another with `launch` (run id -> status), score
     them, choose the released run and record the study's epsilon. Before each candidate starts, the
     privacy of every candidate started so far is written on the study's row (a killed study keeps it).
     A stopped candidate stops the study ("stopped": nothing is released and the epsilon is that
-    composition; module docstring), and so does `should_stop()` before the next candidate is created."""
+    composition; module docstring), and so does `should_stop()` before the next candidate is created.
+    `num_train`: N as the caller's check of the data found it (else read here when the study accounts)."""
     emit = emit or (lambda *a, **k: None)
     plan = plan or plan_candidates(config)
     accounted = config.mode in ("private", "composition")
-    first = plan.configs[0] if plan.configs else config.candidate(config.grid()[0])
-    num_train = training_size(first, checked_before=store.checked_fingerprints(first.dataset)) if accounted else None
+    first = first_candidate(config, plan)
+    if num_train is None and accounted:
+        num_train = training_size(first, checked_before=store.checked_fingerprints(first.dataset))
     study_id = store.create_study(name=config.name, mode=config.mode,
                                   config=json.dumps(config.to_dict(), sort_keys=True))
     emit("study", study_id=study_id, mode=config.mode, candidates=len(plan.configs))

@@ -324,7 +324,7 @@ def test_an_exploratory_studys_report_says_the_selection_is_not_covered(tmp_path
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads processes' environments from /proc")
 def test_dpw_study_runs_its_candidates_in_runner_processes_and_leaves_none_behind(tmp_path):
     """Each candidate's runner is loaded on standby ahead of it; none is left when the study ends, nor
-    when its data check refuses it."""
+    when its data check refuses it (which, as dpw run's, creates no store)."""
     from test_cli import processes_marked
 
     marker = f"{uuid.uuid4().hex}"
@@ -345,10 +345,11 @@ def test_dpw_study_runs_its_candidates_in_runner_processes_and_leaves_none_behin
     assert processes_marked(f"DPW_TEST_MARK={marker}") == []
     missing = tmp_path / "missing.toml"
     missing.write_text(path.read_text().replace(f'dataset = "{BASE["dataset"]}"', 'dataset = "nowhere.csv"'))
-    refused = subprocess.run([str(dpw), "study", str(missing), "--db", str(db)], capture_output=True, text=True,
-                             timeout=600, env=env)
+    refused = subprocess.run([str(dpw), "study", str(missing), "--db", str(tmp_path / "new.sqlite")],
+                             capture_output=True, text=True, timeout=600, env=env)
     assert refused.returncode == 1 and "nowhere.csv" in refused.stderr and "Traceback" not in refused.stderr
     assert processes_marked(f"DPW_TEST_MARK={marker}") == []
+    assert not (tmp_path / "new.sqlite").exists()  # as dpw run: data that cannot train creates no store
 
 
 # ---- the store -------------------------------------------------------------------------------------
