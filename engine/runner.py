@@ -144,7 +144,10 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
         phase = "saving the model"
         summary = prepared.finish(result, store=store, out_dir=artifacts_dir(store, run_id), emit=emit)
         status = "stopped" if result is None or result.stop_reason == "stopped" else "finished"
-        store.update_run(run_id, status=status, finished=now_iso(), summary=summary, **prepared.run_fields(result))
+        fields = prepared.run_fields(result)
+        if result is None:  # stopped before its first step
+            fields["stop_reason"] = "stopped"
+        store.update_run(run_id, status=status, finished=now_iso(), summary=summary, **fields)
         if status == "finished":  # nothing left to continue: its checkpoint would only take room
             checkpoint_of(store, run_id).unlink(missing_ok=True)
         emit("finished", status=status, summary=summary)

@@ -246,6 +246,8 @@ class EngineClient(QObject):
         del self.jobs[job.run_id]
         if job.finished_status is not None:
             final = job.finished_status  # as reported (the store's row may be gone: `dpw delete`)
+        elif job.stop_requested and self._stopped_unstarted(job.run_id):
+            final = "stopped"  # Stop reached the runner before it could take the run (Python starting)
         else:
             final = "failed"
             message, hint = self._explain(job, code, status)
@@ -270,6 +272,17 @@ class EngineClient(QObject):
         return (f"the runner process exited with status {code} without reporting an end"
                 + (f": {last}" if last else ""),
                 "see the message above; everything up to its last completed step is kept")
+
+    def _stopped_unstarted(self, run_id: int) -> bool:
+        """A run whose runner was stopped before it took the run over (still queued: nothing ran, no
+        privacy spent) is marked stopped, as a queued run is, not failed; True when it was."""
+        try:
+            if self.store.get_run(run_id)["status"] != "queued":
+                return False
+        except DPWError:  # deleted from the store meanwhile
+            return False
+        self.store.update_run(run_id, status="stopped", finished=now_iso(), stop_reason="stopped", error=None)
+        return True
 
     def _mark_failed(self, run_id: int, message: str, hint: str) -> None:
         """The runner could not record its own end: record it for it, once."""

@@ -41,6 +41,17 @@ class StopAfter(StopFlag):
         return self.asked > self.steps + 1  # execute asks once before training starts
 
 
+def test_a_run_stopped_before_its_first_step_is_stopped_by_a_stop(tmp_path):
+    """It was stored stopped with no stop reason: the runs list's "Stopped by" column stayed empty."""
+    store = Store(tmp_path / "runs.sqlite")
+    run_id = store.create_run(RunConfig(**DIGITS))
+    asked = StopFlag()
+    asked.requested = True  # SIGTERM while the runner was loading (on standby, or reading the data)
+    assert execute(store, run_id, stream=None, stop=asked) == "stopped"
+    run = store.get_run(run_id)
+    assert (run["status"], run["stop_reason"], run["steps_done"], run["error"]) == ("stopped", "stopped", 0, None)
+
+
 def test_a_checkpoint_restores_weights_and_optimizer_state_and_a_failed_write_keeps_the_last(tmp_path, monkeypatch):
     model = torch.nn.Linear(4, 3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

@@ -289,6 +289,19 @@ def test_runs_wait_in_a_queue_one_at_a_time(window, qtbot, db_path):
     assert b["started"] >= a["finished"]
 
 
+def test_a_run_stopped_while_its_runner_starts_is_stopped_not_failed(window, qtbot, db_path):
+    """Stop reached the runner before Python had set up its handler: the run was marked failed, "the
+    runner process was killed or crashed before it reported an end"."""
+    quick_digits(window, "stopped-at-once", epochs=50)
+    run_id = start(window, qtbot)
+    window.client.stop(run_id)  # the runner is still starting
+    qtbot.waitUntil(lambda: window.run_data[run_id].finished, timeout=RUN_TIMEOUT_MS)
+    row = Store(db_path).get_run(run_id)
+    assert (row["status"], row["stop_reason"], row["error"]) == ("stopped", "stopped", None)
+    assert not row["steps_done"] and window.run_data[run_id].status == "stopped"
+    assert "failed" not in window.statusBar().currentMessage()
+
+
 def test_stopping_a_queued_run_says_it_never_started(window, qtbot, db_path):
     """The status bar said "Stopping run 10 after its current step…" for a run that never started."""
     quick_digits(window, "queue-long", epochs=400)
