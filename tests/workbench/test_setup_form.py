@@ -389,29 +389,19 @@ def test_the_test_images_of_an_image_folder_are_chosen_beside_it(form, tmp_path,
     assert not form.fields["test_fraction"].widget.isVisibleTo(form)
 
 
-def test_test_data_left_behind_by_a_change_of_dataset_does_not_block_start(form):
-    """Test examples given apart for a CSV, then the dataset switched to digits: test_data is hidden,
-    and a registered dataset refuses it; the form leaves it unset instead of blocking Start unseen."""
-    for name, value in dict(noise_multiplier="1.0", target_epsilon="", delta="1e-5").items():
-        form.set_value(name, value)
+@pytest.mark.parametrize("name, value, other_dataset, unset", [
+    ("test_data", "/data/held_out.csv", "digits", None),  # a registered dataset refuses test data given apart
+    ("normalization", "exact", "mnist", "bounds"),  # images are scaled by fixed constants: 'exact' is refused
+])
+def test_a_setting_left_behind_by_a_change_of_dataset_does_not_block_start(form, name, value, other_dataset, unset):
+    """A setting chosen for a CSV, then the dataset switched to one that hides it and whose config refuses
+    it: the form leaves it unset instead of blocking Start unseen, and keeps the text for a switch back."""
+    for field, text in dict(noise_multiplier="1.0", target_epsilon="", delta="1e-5").items():
+        form.set_value(field, text)
     form.set_value("dataset", "/data/patients.csv")
-    form.set_value("test_data", "/data/held_out.csv")
-    assert form.config().test_data == "/data/held_out.csv"
-    form.set_value("dataset", "digits")
-    assert form.valid and form.config().test_data is None
+    form.set_value(name, value)
+    assert getattr(form.config(), name) == value
+    form.set_value("dataset", other_dataset)
+    assert form.valid and getattr(form.config(), name) == unset
     form.set_value("dataset", "/data/patients.csv")  # back: the text was kept
-    assert form.config().test_data == "/data/held_out.csv"
-
-
-def test_a_table_normalization_left_behind_by_a_change_to_images_does_not_block_start(form):
-    """normalization 'exact' chosen for a CSV, then the dataset switched to MNIST (images are scaled by
-    fixed constants, and the config refuses 'exact' for them): the form leaves it unset, hidden."""
-    for name, value in dict(noise_multiplier="1.0", target_epsilon="", delta="1e-5").items():
-        form.set_value(name, value)
-    form.set_value("dataset", "/data/patients.csv")
-    form.set_value("normalization", "exact")
-    assert form.config().normalization == "exact"
-    form.set_value("dataset", "mnist")
-    assert form.valid and form.config().normalization == "bounds"
-    form.set_value("dataset", "/data/patients.csv")  # back: the choice was kept
-    assert form.config().normalization == "exact"
+    assert getattr(form.config(), name) == value
