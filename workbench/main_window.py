@@ -383,9 +383,14 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"Cannot read {self.store.path}: {describe_error(exc)}", 10000)
             return
         self.runs_model.set_rows(rows)
-        for row in rows:  # a study's status and epsilon change what its runs may state
-            if row.get("study") and row["id"] in self.run_data:
-                self.run_data[row["id"]].set_study(row["study"])
+        for row in rows:
+            if (data := self.run_data.get(row["id"])) is None:
+                continue
+            if row.get("study"):  # a study's status and epsilon change what its runs may state
+                data.set_study(row["study"])
+            if row.get("name") and data.name != row["name"]:  # renamed (here, or `dpw rename`)
+                data.name = row["name"]
+                data.version += 1
         self.runs_panel.show_run(self._listed_row(self.current_run_id))
         self.runs_panel.refresh_deleted()
         if self.tabs.currentWidget() is self.audit:
@@ -672,11 +677,7 @@ class MainWindow(QMainWindow):
         except Exception as exc:  # a name the config refuses, a locked store: said, the window goes on
             self.statusBar().showMessage(f"Run {run_id} not renamed: {describe_error(exc)}", 15000)
             return None
-        if (data := self.run_data.get(run_id)) is not None:
-            data.name = stored
-            data.config = {**data.config, "name": stored}
-            data.version += 1  # the dashboard's header redraws
-        self.refresh_runs()
+        self.refresh_runs()  # the run's data takes the new name from its row (the dashboard's header)
         self.statusBar().showMessage(f"Run {run_id} renamed: {row['name']} → {stored}", 8000)
         return stored
 

@@ -156,4 +156,8 @@ def test_f2_in_the_runs_list_renames_the_selected_run_in_the_store_list_and_dash
     assert window.rename_selected("   ") is None
     assert "not renamed: name: must not be empty" in window.statusBar().currentMessage()
     assert Store(db_path, readonly=True).get_run(made["alpha"])["name"] == "alpha, lr 0.5"
+    Store(db_path).rename_run(made["alpha"], "renamed elsewhere")  # dpw rename, with the window open
+    window.refresh_runs()
+    qtbot.waitUntil(lambda: window.dashboard.title.text().startswith(f"Run {made['alpha']}: renamed elsewhere"),
+                    timeout=5000)
     window.close()
