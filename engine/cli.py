@@ -584,6 +584,54 @@ def show_risk(run_row: dict[str, Any], *, as_json: bool) -> None:
 @cli.command(cls=RunCommand)
 @click.argument("run_refs", nargs=-1, required=True, metavar="RUN...")
 @db_option
+@click.option("--all", "show_all", is_flag=True, help="Also list the settings the runs share.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print {"runs": [{"id", "name", "results", "settings"}, ...], "differ": [...]}; a run\'s '
+              '"settings" are those it read.')
+def compare(run_refs: tuple[str, ...], db: Path | None, show_all: bool, as_json: bool) -> None:
+    """Runs side by side: their results, with the epsilon each may state, then the settings that differ
+    between the runs that read them (as the window's Compare table).
+
+    Accuracy is comparable on one dataset and epsilon within one mechanism: runs that span several
+    datasets or mechanisms are said to.
+
+    \b
+    Example: dpw compare 1 2 3
+    Example: dpw compare -1 -2 --all
+    """
+    from tabulate import tabulate
+
+    from engine.run_comparison import NOT_USED, RESULT_ROWS, compare_runs, group_label, groups_of
+
+    store = open_store(db)
+    store.reconcile_orphans()
+    found = [store.find_run(ref) for ref in run_refs]
+    rows = list({run["id"]: run for run in found}.values())  # a run named twice once
+    comparison = compare_runs(rows)
+    if as_json:
+        echo_json({"runs": [{"id": row["id"], "name": row["name"],
+                             "results": {key: comparison.results[key][j] for key, _ in RESULT_ROWS},
+                             "settings": comparison.values[j]} for j, row in enumerate(rows)],
+                   "differ": sorted(comparison.differ)}, default=str)
+        return
+    shown = [key for key in comparison.settings if show_all or key in comparison.differ]
+    table = [[label, *comparison.results[key]] for key, label in RESULT_ROWS]
+    table += [[key, *(comparison.setting_text(key, j) for j in range(len(rows)))] for key in shown]
+    click.echo(tabulate(table, headers=["", *(f"{row['id']}: {row['name']}" for row in rows)],
+                        disable_numparse=True))
+    if not comparison.differ and len(rows) > 1:
+        click.echo("(the runs read the same settings)")
+    elif not show_all:
+        click.echo(f"(settings that differ; {NOT_USED}: the run does not read it; --all lists the shared ones too)")
+    groups = groups_of(rows)
+    if len(groups) > 1:
+        spans = "; ".join(f"{group_label(key)}: {', '.join(map(str, ids))}" for key, ids in groups.items())
+        click.echo(f"note: accuracy is comparable on one dataset and ε within one mechanism; these runs span {spans}")
+
+
+@cli.command(cls=RunCommand)
+@click.argument("run_refs", nargs=-1, required=True, metavar="RUN...")
+@db_option
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def delete(run_refs: tuple[str, ...], db: Path | None, yes: bool) -> None:
     """Delete runs with their rows and saved models. A running run is refused.

@@ -25,11 +25,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.publication import NO_GUARANTEE, carries_guarantee, publishable_epsilon, publishable_text
+from engine.publication import NO_GUARANTEE, carries_guarantee, publishable_epsilon
+from engine.run_comparison import RESULT_ROWS, compare_runs, group_key, group_label, groups_of, setting_label
 from workbench.audit_view import TheorySource, TradeoffOverlay
 from workbench.plots import Plot, colour, palette_colours, set_curve
 from workbench.run_data import RunData
-from workbench.runs_model import duration_seconds, format_duration
 from workbench.study_rows import exploratory_banner
 
 
@@ -50,82 +50,6 @@ def accuracy_vs_epsilon(data: RunData, row: dict[str, Any]) -> tuple[np.ndarray,
             eps = np.interp(acc.x, series.x[order], series.y[order])
             return eps, acc.y
     return np.empty(0), np.empty(0)
-
-
-def relevant_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The settings that matter for the run's mechanism (a DP-SGD run has no PATE threshold, a
-    GNMax run no Laplace scale); settings of another config version stay visible."""
-    from workbench.form_state import field_names, visible_fields
-
-    used = set(visible_fields(config.get("mechanism", ""), config.get("aggregator")))
-    known = set(field_names())
-    return {k: v for k, v in config.items() if k != "schema_version" and (k in used or k not in known)}
-
-
-def differing_keys(configs: list[dict[str, Any]]) -> set[str]:
-    """Settings whose value differs between the runs that use them (a PATE threshold is not a
-    difference from a DP-SGD run, which has none)."""
-    keys = set().union(*configs) if configs else set()
-    return {k for k in keys if len({repr(c[k]) for c in configs if k in c}) > 1}
-
-
-MECHANISM_NAMES = {"dpsgd": "DP-SGD", "pate": "PATE", "none": "non-private"}
-NOT_USED = "—"  # a setting the run's mechanism does not use
-
-# The results rows that open the table: (key, label).
-RESULT_ROWS = (
-    ("accuracy", "Test accuracy"),
-    ("epsilon", "ε (publishable)"),
-    ("delta", "δ"),
-    ("accountant", "Accountant"),
-    ("steps", "Steps done / planned"),
-    ("duration", "Wall time"),
-    ("status", "Status"),
-)
-
-
-def group_key(row: dict[str, Any]) -> tuple[str, str]:
-    return (str(row.get("dataset") or "?"), str(row.get("mechanism") or "?"))
-
-
-def group_label(key: tuple[str, str]) -> str:
-    dataset, mechanism = key
-    return f"{dataset} · {MECHANISM_NAMES.get(mechanism, mechanism)}"
-
-
-def groups_of(rows: list[dict[str, Any]]) -> dict[tuple[str, str], list[int]]:
-    """(dataset, mechanism) -> ids of the runs in it; the group of most runs first, ties in the order
-    their first run comes."""
-    groups: dict[tuple[str, str], list[int]] = {}
-    for row in rows:
-        groups.setdefault(group_key(row), []).append(row["id"])
-    return dict(sorted(groups.items(), key=lambda item: -len(item[1])))  # the largest first, shown first
-
-
-def result_texts(row: dict[str, Any]) -> dict[str, str]:
-    """A run's results as the table shows them, with the epsilon engine.publication says it may state."""
-    eps = publishable_epsilon(row)
-    done, planned = row.get("steps_done"), row.get("steps_planned")
-    return {
-        "accuracy": "" if row.get("accuracy") is None else f"{row['accuracy']:.4f}",
-        "epsilon": publishable_text(row),
-        "delta": "" if eps.delta is None else f"{eps.delta:g}",
-        "accountant": eps.accountant or "",
-        "steps": "" if done is None else f"{done:,} / {planned:,}" if planned else f"{done:,}",
-        "duration": format_duration(duration_seconds(row)),
-        "status": str(row.get("status") or ""),
-    }
-
-
-def setting_label(key: str) -> str:
-    """A config key as the setup form labels it, with its unit: "Noise multiplier (σ/C)"."""
-    from engine.config import field_spec
-
-    try:
-        spec = field_spec(key)
-    except KeyError:
-        return key  # a setting of another config version: its own name
-    return f"{spec.label} ({spec.unit})" if spec.unit else spec.label
 
 
 class CompareView(QWidget):
@@ -278,22 +202,19 @@ class CompareView(QWidget):
             self.scatter_plot.addItem(text)
 
     def _config_table(self, rows: list[dict[str, Any]]) -> None:
-        """Results rows first (accuracy, ε, δ, steps, duration), then the settings the runs use, by the
-        setup form's labels and units; settings that differ come first and are highlighted, a setting
-        a run's mechanism does not use reads NOT_USED."""
-        configs = [relevant_settings(r.get("config") or {}) for r in rows]
-        keys = sorted(set().union(*configs)) if configs else []
-        differ = differing_keys(configs)
-        keys = sorted(differ) + [k for k in keys if k not in differ]  # differences first
-        results = [result_texts(r) for r in rows]
+        """Results rows first (accuracy, ε, δ, steps, duration), then the settings the runs read, by the
+        setup form's labels and units (engine.run_comparison); settings that differ come first and are
+        highlighted, a setting a run does not read reads NOT_USED."""
+        comparison = compare_runs(rows)
+        keys = comparison.settings
         self.table.clear()
         self.table.setColumnCount(len(rows))
         self.table.setRowCount(len(RESULT_ROWS) + len(keys))
         self.table.setHorizontalHeaderLabels([f"{r['id']}: {r['name']}" for r in rows])
         self.table.setVerticalHeaderLabels([label for _, label in RESULT_ROWS] + [setting_label(k) for k in keys])
         for i, (key, _) in enumerate(RESULT_ROWS):
-            for j, texts in enumerate(results):
-                item = QTableWidgetItem(texts[key])
+            for j, text in enumerate(comparison.results[key]):
+                item = QTableWidgetItem(text)
                 font = item.font()
                 font.setBold(True)
                 item.setFont(font)
@@ -303,17 +224,16 @@ class CompareView(QWidget):
         highlight.setAlpha(90)
         for i, key in enumerate(keys, start=len(RESULT_ROWS)):
             self.table.verticalHeaderItem(i).setToolTip(key)  # the name in TOML files and `dpw show`
-            for j, config in enumerate(configs):
-                value = config.get(key, NOT_USED)
-                item = QTableWidgetItem("" if value is None else str(value))
-                if key in differ and key in config:
+            for j, values in enumerate(comparison.values):
+                item = QTableWidgetItem(comparison.setting_text(key, j))
+                if key in comparison.differ and key in values:
                     item.setBackground(QBrush(highlight))
                     font = item.font()
                     font.setBold(True)
                     item.setFont(font)
                 self.table.setItem(i, j, item)
         self.table.resizeColumnsToContents()
-        self.differing = differ
+        self.differing = comparison.differ
 
     def row_labels(self) -> list[str]:
         """The table's row labels, top to bottom (for tests)."""

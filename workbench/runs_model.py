@@ -18,6 +18,7 @@ from engine.publication import (
     no_guarantee_statement,
     publishable_epsilon,
 )
+from engine.run_comparison import duration_seconds, format_duration
 from workbench.study_rows import study_label, study_sort_key
 
 COLUMNS = (  # what a run gave (status, ε, accuracy) first: in view at the list's default width
@@ -54,38 +55,6 @@ def _started(value: str | None) -> str:
     except ValueError:
         return value
     return when.strftime("%Y-%m-%d %H:%M")
-
-
-def _when(value: str | None) -> dt.datetime | None:
-    try:
-        return dt.datetime.fromisoformat(value) if value else None
-    except ValueError:
-        return None
-
-
-def duration_seconds(row: dict[str, Any], now: dt.datetime | None = None) -> float | None:
-    """Seconds from start to finish (to now while it runs); None for a run that never started."""
-    start = _when(row.get("started"))
-    if start is None:
-        return None
-    end = _when(row.get("finished"))
-    if end is None:
-        if row.get("status") != "running":
-            return None
-        end = now or dt.datetime.now(start.tzinfo)
-    return max((end - start).total_seconds(), 0.0)
-
-
-def format_duration(seconds: float | None) -> str:
-    """Seconds in words ("4 min 05 s"); empty when unknown."""
-    if seconds is None or not math.isfinite(seconds):
-        return ""
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60:02d} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 def stop_reason_label(row: dict[str, Any]) -> str:

@@ -66,12 +66,13 @@ def test_the_config_table_starts_with_results_and_uses_the_forms_labels_and_unit
     labels = view.row_labels()
     assert labels[:7] == ["Test accuracy", "ε (publishable)", "δ", "Accountant", "Steps done / planned", "Wall time",
                           "Status"]
-    assert labels[7:9] == ["Name", "Noise multiplier (× clipping norm)"]  # the differences, first among settings
+    # the differences, first among settings; the name heads the run's column, not a row
+    assert labels[7] == "Noise multiplier (× clipping norm)" and "Name" not in labels
     assert "noise_multiplier" not in labels and "Delta (δ)" in labels and "Clipping norm (L2 norm)" in labels
-    cells = [[view.table.item(i, j).text() for j in range(2)] for i in range(9)]
+    cells = [[view.table.item(i, j).text() for j in range(2)] for i in range(8)]
     assert cells[0] == ["0.9000", "0.9000"] and cells[1] == ["1.5", "3"] and cells[2] == ["1e-05", "1e-05"]
     assert cells[4] == ["85 / 169", "85 / 169"] and cells[5] == ["1 min 05 s", "1 min 05 s"]
-    assert cells[8] == ["1.1", "0.8"]
+    assert cells[7] == ["1.1", "0.8"]
     assert view.group_tabs.isHidden()  # one group: no tabs
 
 

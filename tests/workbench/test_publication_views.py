@@ -146,7 +146,7 @@ def test_dashboard_header_of_a_study_candidate_states_what_the_study_lets_it_sta
 
 def test_a_run_without_a_guarantee_has_no_number_under_the_publishable_label(qtbot):
     """The results panel read "ε (publishable)  2.311 (no guarantee)"; the Compare table likewise."""
-    from workbench.compare import result_texts
+    from engine.run_comparison import result_texts
     from workbench.runs_panel import result_values
 
     seeded = dict(rows()[1], epsilon=2.3114)

@@ -61,19 +61,6 @@ def test_consensus_is_the_top_vote_share():
     assert list(running_mean(np.array([1.0, 3.0, 5.0]), 2)) == [1.0, 2.0, 4.0]
 
 
-def test_compare_shows_only_the_settings_of_each_runs_mechanism():
-    from engine.config import RunConfig
-    from workbench.compare import differing_keys, relevant_settings
-
-    dpsgd = relevant_settings(RunConfig(mechanism="dpsgd", noise_multiplier=1.1).to_dict())
-    pate = relevant_settings(RunConfig(mechanism="pate").to_dict())
-    assert "noise_multiplier" in dpsgd and "threshold" not in dpsgd and "num_teachers" not in dpsgd
-    assert "threshold" in pate and "clipping_norm" not in pate and "gnmax_sigma" not in pate  # confident
-    assert "schema_version" not in dpsgd
-    # A PATE-only setting is not a difference from a DP-SGD run, which does not use it (shown as unused).
-    assert "mechanism" in differing_keys([dpsgd, pate]) and "threshold" not in differing_keys([dpsgd, pate])
-
-
 def test_pate_budget_left_counts_the_epsilon_the_engine_stops_on(qtbot):
     from workbench.dashboard import Dashboard
 
