@@ -31,7 +31,7 @@ from engine.publication import (
     pate_released_estimate,
     publishable_epsilon,
 )
-from engine.run_comparison import format_duration
+from engine.run_times import format_duration
 from workbench.plots import Plot, accountant_colour, set_curve, set_line_label
 from workbench.progress import progress, seconds_left, shown_phase
 from workbench.run_data import RunData

@@ -18,7 +18,7 @@ from engine.publication import (
     no_guarantee_statement,
     publishable_epsilon,
 )
-from engine.run_comparison import duration_seconds, format_duration
+from engine.run_times import duration_seconds, format_duration
 from workbench.study_rows import study_label, study_sort_key
 
 COLUMNS = (  # what a run gave (status, ε, accuracy) first: in view at the list's default width

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.publication import publishable_epsilon, publishable_text
-from engine.run_comparison import duration_seconds, format_duration
+from engine.run_times import duration_seconds, format_duration
 from workbench.runs_model import DeletedRunsModel, RunsTable, parse_tags, stop_reason_label, tags_text
 
 # Result rows first, then the config as the engine stored it.
