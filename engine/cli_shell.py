@@ -85,6 +85,9 @@ class RunCommand(click.Command):
 
         dashes = args.index("--") if "--" in args else len(args)
         taken = {a for a in args[:dashes] if COUNTED_BACK.fullmatch(a)} | set(args[dashes + 1:])
+        taking = {name for param in self.get_params(ctx) if isinstance(param, click.Option)
+                  and not param.is_flag and not param.count for name in param.opts}
+        taken |= {value for option, value in zip(args[:dashes], args[1:dashes]) if option in taking}
         try:
             rest = super().parse_args(ctx, list(args))  # the parser empties the list it is given
         except click.UsageError:  # an unknown option taken as an extra argument is named as what it is

@@ -138,7 +138,8 @@ def test_commands_taking_a_run_read_minus_one_as_the_newest_and_still_refuse_unk
     noted = CliRunner().invoke(cli, ["note", "-1", *db, "--", "-x made it worse"])
     assert noted.exit_code == 0 and store.get_run(2)["notes"] == "-x made it worse"
     for args, unknown in ((["show", "-1", "--jsn"], "--jsn"), (["delete", "2", "--yse"], "--yse"),
-                          (["show", "-x"], "-x"), (["tag", "1", "--baseline"], "--baseline")):
+                          (["show", "-x"], "-x"), (["tag", "1", "--baseline"], "--baseline"),
+                          (["report", "-1", "--out", "-r.html", "--bogus"], "--bogus")):  # -r.html: --out's
         refused = CliRunner().invoke(cli, [*args, *db])
         assert refused.exit_code == 2 and f"No such option '{unknown}'" in refused.output, args
     assert len(store.list_runs()) == 2 and store.get_run(1)["tags"] == ["kept"]
