@@ -406,21 +406,33 @@ def bound_cell(epsilon: float | None) -> str | None:
 
 
 @cli.command("list")
+@click.argument("search", nargs=-1, metavar="[WORD]...")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @click.option("--deleted", is_flag=True,
               help="List what the store keeps of deleted runs (their privacy spent, tags, notes, when deleted).")
-def list_runs(db: Path | None, as_json: bool, deleted: bool) -> None:
-    """List the runs in the store, with their tags (`dpw tag`).
+def list_runs(search: tuple[str, ...], db: Path | None, as_json: bool, deleted: bool) -> None:
+    """List the runs in the store, with their tags (`dpw tag`). With words, only the runs whose name,
+    dataset, mechanism, status, tags or study contain every one of them, as the window's filter box.
 
+    \b
     Example: dpw list --json
+    Example: dpw list digits finished
     """
+    from engine.run_filter import matches
+
+    words = " ".join(search).lower().split()
     store = open_store(db)
     if deleted:
-        list_deleted(store, as_json=as_json)
+        list_deleted(store, as_json=as_json, words=words)
+        return
+    runs = store.list_runs()
+    found = [run for run in runs if matches(run, words)]
+    if words and not found and not as_json:
+        click.echo(f"no runs match {' '.join(search)!r} (of {len(runs)} in {store.path})")
         return
     rows = []
-    for run in store.list_runs():
+    for run in found:
         row = list_row(run)
         row["budget"] = row.pop("epsilon_budget")
         row.update(tags=run.get("tags") or [], notes=run.get("notes"))
@@ -451,9 +463,11 @@ DELETED_FIELDS = ("id", "name", "mechanism", "dataset", "status", "epsilon", "de
                   "deleted", "tags", "notes")
 
 
-def list_deleted(store, *, as_json: bool) -> None:
+def list_deleted(store, *, as_json: bool, words: list[str]) -> None:
     """`dpw list --deleted`: the records of deleted runs; their privacy was spent on the data all the same."""
-    rows = [{k: r.get(k) for k in DELETED_FIELDS} for r in store.deleted_runs()]
+    from engine.run_filter import matches
+
+    rows = [{k: r.get(k) for k in DELETED_FIELDS} for r in store.deleted_runs() if matches(r, words)]
     if as_json:
         echo_json(rows, indent=1)
         return

@@ -30,7 +30,7 @@ from engine.run_comparison import RESULT_ROWS, compare_runs, group_key, group_la
 from workbench.audit_view import TheorySource, TradeoffOverlay
 from workbench.plots import Plot, colour, palette_colours, set_curve
 from workbench.run_data import RunData
-from workbench.study_rows import exploratory_banner
+from engine.study_rows import exploratory_banner
 
 
 def accuracy_vs_epsilon(data: RunData, row: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:

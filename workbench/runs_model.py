@@ -18,8 +18,9 @@ from engine.publication import (
     no_guarantee_statement,
     publishable_epsilon,
 )
+from engine.run_filter import matches
 from engine.run_times import duration_seconds, format_duration
-from workbench.study_rows import study_label, study_sort_key
+from engine.study_rows import study_label, study_sort_key
 
 COLUMNS = (  # what a run gave (status, ε, accuracy) first: in view at the list's default width
     ("id", "#"),
@@ -30,7 +31,7 @@ COLUMNS = (  # what a run gave (status, ε, accuracy) first: in view at the list
     ("delta", "δ"),
     ("mechanism", "Mechanism"),
     ("dataset", "Dataset"),
-    ("study", "Study"),  # workbench.study_rows: sorting by it groups each study's runs
+    ("study", "Study"),  # engine.study_rows: sorting by it groups each study's runs
     ("tags", "Tags"),
     ("epsilon_budget", "Budget"),
     ("steps", "Steps"),
@@ -41,7 +42,6 @@ COLUMNS = (  # what a run gave (status, ε, accuracy) first: in view at the list
 NUMERIC = {"id", "epsilon", "delta", "epsilon_budget", "accuracy", "steps", "duration"}
 # The raw value a column sorts by (numbers as numbers, empty cells last in ascending order).
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1
-FILTERED_KEYS = ("name", "dataset", "mechanism", "status", "tags", "study")
 # "stopped": Stop in the window, Ctrl-C or SIGTERM to `dpw run`, or the window closed.
 STOP_REASONS = {"completed": "completed", "budget": "ε budget", "stopped": "stop request"}
 STATUS_COLOURS = {"failed": "#d62728", "running": "#1f77b4", "queued": "#7f7f7f", "stopped": "#ff7f0e"}
@@ -246,7 +246,8 @@ class RunsTable(QSortFilterProxyModel):
         self.source.set_rows(rows)
 
     def set_filter_text(self, text: str) -> None:
-        """Show only runs whose name, dataset, mechanism, status or tags contain every word of `text`."""
+        """Show only runs whose name, dataset, mechanism, status, tags or study contain every word of
+        `text` (engine.run_filter)."""
         self.beginFilterChange()
         self._words = text.lower().split()
         self.endFilterChange(QSortFilterProxyModel.Direction.Rows)
@@ -254,10 +255,7 @@ class RunsTable(QSortFilterProxyModel):
     def filterAcceptsRow(self, source_row: int, source_parent) -> bool:  # noqa: N802
         if not self._words:
             return True
-        row = self.source.rows[source_row]
-        haystack = " ".join(tags_text(row) if key == "tags" else study_label(row) if key == "study"
-                            else str(row.get(key) or "") for key in FILTERED_KEYS).lower()
-        return all(word in haystack for word in self._words)
+        return matches(self.source.rows[source_row], self._words)
 
     def lessThan(self, left, right) -> bool:  # noqa: N802
         a, b = left.data(SORT_ROLE), right.data(SORT_ROLE)

@@ -17,7 +17,7 @@ from engine.study_config import StudyConfig
 from workbench.compare import CompareView
 from workbench.run_data import RunData
 from workbench.runs_model import COLUMNS
-from workbench.study_rows import exploratory_banner, study_label
+from engine.study_rows import exploratory_banner, study_label
 
 BASE = {"name": "base", "dataset": "digits", "model": "mlp", "mechanism": "dpsgd", "noise_multiplier": 1.0,
         "clipping_norm": 1.0, "delta": 1e-5, "expected_batch_size": 60, "epochs": 1, "learning_rate": 1.0,

@@ -1,5 +1,5 @@
-"""How the window names a run's tuning study (runs list, compare) and when Compare warns that choosing
-among the runs it shows is a selection nobody accounted for. Qt-free, so it is tested without a window."""
+"""How a run's tuning study is named (the window's runs list and its filter, `dpw list`) and when
+Compare warns that choosing among the runs it shows is a selection nobody accounted for."""
 
 from __future__ import annotations
 
