@@ -362,7 +362,8 @@ class MainWindow(QMainWindow):
 
     # ---- engine probe --------------------------------------------------------------------------
     def _on_probe(self, result: dict[str, Any]) -> None:
-        self.client.keep_standby()  # the engine loads: keep a runner loaded for the next Start
+        self.client.keep_standby()  # the engine loads: keep a runner loaded for the next Start,
+        self.precheck.warm()  # and the helper that checks a config before it is stored
         name = result.get("device_name")
         self.device_label.setText(f"Engine device: {result['device']}" + (f" ({name})" if name else ""))
         self.device_label.setToolTip(f"torch {result.get('torch')}; runs with device 'auto' use this")

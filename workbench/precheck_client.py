@@ -30,15 +30,35 @@ class PrecheckClient:
     def __init__(self, environment: Mapping[str, str] | None = None):
         self.environment = environment if environment is not None else {}
         self._process: subprocess.Popen | None = None
+        self._starting: subprocess.Popen | None = None  # started, still importing (close() ends it too)
         self._lock = threading.Lock()
         self._closed = False
+
+    def warm(self) -> None:
+        """Start the helper now, in a background thread, so that the first check does not wait for its
+        imports (torch: 2 to 3 s on a 2-core machine). One that cannot start is started again, and
+        says why, at the first check."""
+        def start() -> None:
+            with self._lock:
+                if self._closed or (self._process is not None and self._process.poll() is None):
+                    return
+                try:
+                    self._process = self._start()
+                except DPWError:
+                    self._process = None
+
+        threading.Thread(target=start, name="precheck-warm", daemon=True).start()
 
     def _start(self) -> subprocess.Popen:
         env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8", **self.environment)
         env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         process = subprocess.Popen([sys.executable, "-m", "engine.precheck"], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, env=env, cwd=str(REPO))  # stderr: the terminal
-        first = process.stdout.readline()
+        self._starting = process
+        try:
+            first = process.stdout.readline()
+        finally:
+            self._starting = None
         if not first.strip():
             process.wait()
             raise DPWError("the pre-run check could not start (its error is in the terminal)",
@@ -84,9 +104,9 @@ class PrecheckClient:
     def close(self) -> None:
         """End the helper (end of input); a check in progress is cut short (it answers that it ended)."""
         self._closed = True
-        process = self._process
-        if process is not None and self._lock.locked():
-            process.kill()
+        for process in (self._process, self._starting):  # a check or a warm start in progress
+            if process is not None and self._lock.locked():
+                process.kill()
         with self._lock:
             self._stop()
 

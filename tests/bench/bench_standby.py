@@ -1,12 +1,14 @@
-"""Start latency in the window: a runner started at Start against one loaded ahead on standby.
+"""Start latency in the window: nothing loaded ahead against what the window loads once the engine
+answers (a runner on standby, the pre-run check's helper).
 
     python tests/bench/bench_standby.py              # 3 pairs, offscreen unless $DISPLAY is set
     python tests/bench/bench_standby.py --pairs 5
 
 Each pair opens a window on a new store, waits as a user filling the form would (--wait seconds),
 starts the same quick DP-SGD run on the built-in digits (no files needed), and times Start to the
-first training step and to the run's end: once with a fresh runner, once with the window's runner
-on standby (EngineClient.keep_standby), alternating. Prints a table and the medians.
+first training step and to the run's end: once cold (the check's helper and the runner start at
+Start), once warm (EngineClient.keep_standby and PrecheckClient.warm, as the window does once its
+engine probe answers), alternating. Prints a table and the medians.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def one_run(app, *, standby: bool, wait_s: float) -> tuple[float, float, str]:
     try:
         if standby:
             window.client.keep_standby()
+            window.precheck.warm()
         end = time.monotonic() + wait_s
         wait_until(app, lambda: time.monotonic() > end)
         for name, value in QUICK.items():
@@ -80,11 +83,11 @@ def main() -> None:
         for standby in (False, True):
             first, total, status = one_run(app, standby=standby, wait_s=args.wait)
             times[standby].append((first, total))
-            rows.append([pair, "standby" if standby else "fresh", f"{first:.2f}", f"{total:.2f}", status])
-    print(tabulate(rows, headers=["pair", "runner", "Start to first step (s)", "Start to end (s)", "status"]))
+            rows.append([pair, "warm" if standby else "cold", f"{first:.2f}", f"{total:.2f}", status])
+    print(tabulate(rows, headers=["pair", "start", "Start to first step (s)", "Start to end (s)", "status"]))
     for standby in (False, True):
         firsts, totals = zip(*times[standby])
-        print(f"median {'standby' if standby else 'fresh  '}: first step {statistics.median(firsts):.2f} s, "
+        print(f"median {'warm' if standby else 'cold'}: first step {statistics.median(firsts):.2f} s, "
               f"end {statistics.median(totals):.2f} s")
 
 

@@ -143,3 +143,26 @@ def test_a_csv_with_a_test_file_chosen_by_its_button_previews_every_row_as_train
     qtbot.waitUntil(lambda: "N 50," in preview.text(), timeout=60_000)
     assert not window.form.fields["test_fraction"].widget.isVisibleTo(window.form)
     assert window.form.config().test_data == str(tmp_path / "held_out.csv")
+
+
+def test_a_warmed_helper_answers_the_first_check_and_one_closed_while_it_starts_is_ended(qtbot):
+    """The window warms the check's helper once the engine answers, so the first Start does not wait
+    for its imports; closing the window while it still imports ends it instead of waiting for it."""
+    from engine.config import RunConfig
+    from workbench.precheck_client import PrecheckClient
+
+    client = PrecheckClient()
+    client.warm()
+    qtbot.waitUntil(lambda: client._process is not None, timeout=120_000)  # started and answering
+    helper = client._process
+    config = RunConfig(name="warm", dataset="digits", noise_multiplier=1.0, delta=1e-4)
+    assert client.check(config) is None and client._process is helper  # the warmed one answered
+    client.close()
+    assert helper.poll() is not None
+
+    closing = PrecheckClient()
+    closing.warm()
+    qtbot.waitUntil(lambda: closing._starting is not None, timeout=30_000)
+    starting = closing._starting
+    closing.close()  # while it imports
+    assert starting.wait(timeout=30) is not None and closing._process is None
