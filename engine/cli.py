@@ -29,6 +29,7 @@ from engine.cli_shell import (
     fail,
     open_store,
     open_store_after_check,
+    say_on_terminal,
 )
 from engine.errors import DPWError
 
@@ -107,6 +108,8 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
     from engine.precheck import check_before_storing
 
     with StandbyRunner() if not launch.distributed else contextlib.nullcontext() as standby:
+        if not as_json:  # reading a large dataset takes a while before anything else is said
+            say_on_terminal(f"checking {config_file.name} against its data…")
         store = open_store_after_check(
             db, lambda checked: check_before_storing(config, checked_before=checked), dataset=config.dataset)
         run_id = store.create_run(config)
@@ -218,6 +221,8 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
     with contextlib.ExitStack() as ends:
         ends.callback(lambda: [standby.close() for standby in standbys])
         checked = []  # as dpw run's: the data is read and the config checked before a store is created
+        if not as_json:
+            say_on_terminal(f"checking {study_file.name} against its data…")
         store = open_store_after_check(
             db, lambda before: checked.append(check_before_storing(first, checked_before=before)),
             dataset=first.dataset)

@@ -38,6 +38,13 @@ class Interrupted(UserError):
         os._exit(self.exit_code)
 
 
+def say_on_terminal(text: str) -> None:
+    """A line of progress on stderr where a person watches it (a terminal), never into a pipe or file
+    whose reader expects only the command's output and errors."""
+    if sys.stderr.isatty():
+        click.echo(text, err=True)
+
+
 def fail(exc: DPWError) -> UserError:
     return UserError(exc.message + (f" — {exc.hint}" if exc.hint else ""))
 

@@ -324,6 +324,35 @@ def test_a_refused_config_leaves_no_runner_behind(tmp_path):
     assert processes_marked(marker) == [] and not (tmp_path / "r.sqlite").exists()
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="a pseudo-terminal")
+def test_dpw_run_says_it_checks_the_data_on_a_terminal_and_nowhere_else(tmp_path):
+    """Reading a large dataset for the check took seconds with nothing said; a pipe (scripts, these
+    tests) still gets only the command's output and errors."""
+    import pty
+
+    config = tmp_path / "bad.toml"
+    config.write_text('dataset = "digits"\nnoise_multiplier = 1.1\ndelta = 0.01\n')
+    args = [sys.executable, "-m", "engine.cli", "run", str(config), "--db", str(tmp_path / "r.sqlite")]
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, cwd=REPO)
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the terminal closed: the command ended
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert proc.wait(timeout=300) == 1
+    lines = seen.decode().replace("\r", "").splitlines()
+    assert lines[0] == "checking bad.toml against its data…" and "delta: 0.01 is not below 1/N" in lines[-1]
+    piped = dpw("run", str(config), "--db", str(tmp_path / "r.sqlite"))
+    assert "checking" not in piped.stderr and piped.stderr.startswith("error: delta: 0.01")
+
+
 def test_a_runner_on_standby_that_is_handed_no_run_ends_quietly(tmp_path):
     ended = subprocess.run([sys.executable, "-m", "engine.runner", "--standby"], input="", capture_output=True,
                            text=True, cwd=tmp_path, timeout=300)
