@@ -270,6 +270,41 @@ def _run_study(config: Any, plan: Any, store: Any, standbys: list, *, num_train:
         click.echo(f"  released       nothing ({why})")
 
 
+@cli.command()
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array (each study with its config).")
+def studies(db: Path | None, as_json: bool) -> None:
+    """List the tuning studies in the store: mode, status, candidates run, the study's epsilon and the
+    run it released (dpw show RUN states that epsilon for it).
+
+    Example: dpw studies
+    """
+    store = open_store(db)
+    store.reconcile_orphans()  # a study whose process was killed reads "interrupted"
+    found = store.list_studies()
+    if as_json:
+        echo_json(found, indent=1, default=str)
+        return
+    if not found:
+        click.echo(f"no studies yet in {store.path}")
+        return
+    from tabulate import tabulate
+
+    rows = [{"id": s["id"], "name": s["name"], "mode": s["mode"],
+             "dataset": ((s.get("config") or {}).get("base") or {}).get("dataset"), "status": s["status"],
+             "runs": s.get("num_candidates"), "epsilon": bound_cell(s.get("epsilon")), "delta": s.get("delta"),
+             "accountant": s.get("accountant"), "released": _released_cell(s)} for s in found]
+    click.echo(tabulate(rows, headers="keys", floatfmt=".4g", missingval="-", disable_numparse=True))
+
+
+def _released_cell(study: dict[str, Any]) -> str | None:
+    """The run a study released; an exploratory study's is only selected (nothing covers the choice)."""
+    run_id = study.get("released_run_id")
+    if run_id is None:
+        return None
+    return f"{run_id} (selected)" if study.get("mode") == "exploratory" else str(run_id)
+
+
 def _checked_in(db: Path | None, dataset: str) -> frozenset[str]:
     """Store.checked_fingerprints of the store at --db (or the default) if one is there; none otherwise
     (a command that stores nothing creates no store)."""

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from engine import rounding
 from engine.cli import cli
 from engine.config import RunConfig
 from engine.errors import ConfigError, DPWError
@@ -482,3 +483,20 @@ def test_dpw_study_plan_only_hashes_an_image_folder_its_store_has_trained_on(tmp
     again = CliRunner().invoke(cli, ["study", str(study), "--plan", "--json", "--db", str(db)])
     assert again.exit_code == 0, again.output
     assert json.loads(again.output)["epsilon"] == json.loads(plan.output)["epsilon"] and parsed == []
+
+
+def test_dpw_studies_lists_each_study_with_its_epsilon_and_released_run(tmp_path):
+    store = Store(tmp_path / "runs.sqlite")
+    empty = CliRunner().invoke(cli, ["studies", "--db", str(store.path)])
+    assert empty.exit_code == 0 and empty.output == f"no studies yet in {store.path}\n"
+    config = StudyConfig.from_dict({"name": "grid", "mode": "composition", "search": "grid", "base": BASE,
+                                    "space": {"learning_rate": [1.0]}})
+    result = run_study(config, store, lambda run_id: execute(store, run_id, stream=None))
+    listed = CliRunner().invoke(cli, ["studies", "--db", str(store.path)])
+    assert listed.exit_code == 0, listed.output
+    (row,) = [line.split() for line in listed.output.splitlines()[2:]]
+    epsilon = store.get_study(result.study_id)["epsilon"]
+    assert row == ["1", "grid", "composition", "digits", "finished", "1", rounding.bound_cell(epsilon, ".4g"),
+                   "1e-05", "pld-composition", str(result.released_run_id)]
+    as_json = json.loads(CliRunner().invoke(cli, ["studies", "--json", "--db", str(store.path)]).output)
+    assert as_json[0]["epsilon"] == epsilon and as_json[0]["config"]["space"] == {"learning_rate": [1.0]}
