@@ -659,8 +659,7 @@ def compare(run_refs: tuple[str, ...], db: Path | None, show_all: bool, as_json:
 
     store = open_store(db)
     store.reconcile_orphans()
-    found = [store.find_run(ref) for ref in run_refs]
-    rows = list({run["id"]: run for run in found}.values())  # a run named twice once
+    rows = store.find_runs(run_refs)
     comparison = compare_runs(rows)
     if as_json:
         echo_json({"runs": [{"id": row["id"], "name": row["name"],
@@ -701,8 +700,7 @@ def delete(run_refs: tuple[str, ...], db: Path | None, yes: bool) -> None:
 
     store = open_store(db)
     store.reconcile_orphans()
-    found = [store.find_run(ref) for ref in run_refs]
-    runs = list({run["id"]: run for run in found}.values())  # a run named twice ("3 3", "3 tiny") once
+    runs = store.find_runs(run_refs)
     for run in runs:  # all of them before any is deleted
         check_deletable(run)
     names = ", ".join(f"{r['id']} ({r['name']}, {r['status']})" for r in runs)

@@ -100,7 +100,6 @@ class Comparison:
     `settings` the keys the runs read, those in `differ` first; `values[j]` run j's settings (a key
     it does not read is missing)."""
 
-    rows: list[dict[str, Any]]
     results: dict[str, list[str]]
     settings: list[str]
     differ: set[str]
@@ -121,5 +120,5 @@ def compare_runs(rows: list[dict[str, Any]]) -> Comparison:
     differ = differing_keys(values)
     every = sorted(set().union(*values)) if values else []
     texts = [result_texts(r) for r in rows]
-    return Comparison(rows=rows, results={key: [t[key] for t in texts] for key, _ in RESULT_ROWS},
+    return Comparison(results={key: [t[key] for t in texts] for key, _ in RESULT_ROWS},
                       settings=sorted(differ) + [k for k in every if k not in differ], differ=differ, values=values)

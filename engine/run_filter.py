@@ -10,9 +10,14 @@ from engine.study_rows import study_label
 FILTERED_KEYS = ("name", "dataset", "mechanism", "status", "tags", "study")
 
 
+def tags_text(row: dict[str, Any]) -> str:
+    """A run's tags as the runs list and the tags box show them: "baseline, lr 0.5"."""
+    return ", ".join(row.get("tags") or [])
+
+
 def searched_text(row: dict[str, Any]) -> str:
     """What a search looks in: the run's FILTERED_KEYS as the runs list shows them, lower case."""
-    return " ".join(", ".join(row.get("tags") or []) if key == "tags" else study_label(row) if key == "study"
+    return " ".join(tags_text(row) if key == "tags" else study_label(row) if key == "study"
                     else str(row.get(key) or "") for key in FILTERED_KEYS).lower()
 
 

@@ -659,6 +659,12 @@ class Store:
             raise DPWError(f"no run named {ref!r} in {self.path}", hint="`dpw list` shows the runs")
         return self._with_tags(self._with_study(_decode_run(rows[0])))
 
+    def find_runs(self, refs: Iterable[str | int]) -> list[dict[str, Any]]:
+        """The runs `refs` name (find_run), each once, in the order first named: "3 3" or "3 tiny"
+        naming one run twice is that run."""
+        found = [self.find_run(ref) for ref in refs]  # every reference resolved before any is used
+        return list({run["id"]: run for run in found}.values())
+
     def checked_fingerprints(self, dataset: str) -> frozenset[str]:
         """Fingerprints of the data runs on `dataset` (a config's name or path) trained on. A run records
         its data's fingerprint only once the data passed the load's check, so the same bytes need no

@@ -27,10 +27,10 @@ from PySide6.QtWidgets import (
 
 from engine.publication import NO_GUARANTEE, carries_guarantee, publishable_epsilon
 from engine.run_comparison import RESULT_ROWS, compare_runs, group_key, group_label, groups_of, setting_label
+from engine.study_rows import exploratory_banner
 from workbench.audit_view import TheorySource, TradeoffOverlay
 from workbench.plots import Plot, colour, palette_colours, set_curve
 from workbench.run_data import RunData
-from engine.study_rows import exploratory_banner
 
 
 def accuracy_vs_epsilon(data: RunData, row: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:

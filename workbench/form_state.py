@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import RunConfig, check_field, collect_errors, config_fields, fields_used
+from engine.config import RunConfig, check_field, collect_errors, config_fields
 from engine.errors import ConfigError
 from engine.settings_in_effect import settings_in_effect
 
@@ -62,11 +62,6 @@ def specs() -> dict[str, Any]:
 
 def defaults() -> dict[str, Any]:
     return {name: default for name, default, _ in config_fields()}
-
-
-def visible_fields(mechanism: str, aggregator: str | None = None) -> list[str]:
-    """The fields the form shows: those the run will use (`engine.config.fields_used`)."""
-    return fields_used(mechanism, aggregator)
 
 
 def to_text(name: str, value: Any) -> str:

@@ -18,7 +18,7 @@ from engine.publication import (
     no_guarantee_statement,
     publishable_epsilon,
 )
-from engine.run_filter import matches
+from engine.run_filter import matches, tags_text
 from engine.run_times import duration_seconds, format_duration
 from engine.study_rows import study_label, study_sort_key
 
@@ -94,11 +94,6 @@ def cell_value(row: dict[str, Any], key: str) -> Any:
     if key == "study":
         return study_sort_key(row)
     return row.get(key)
-
-
-def tags_text(row: dict[str, Any]) -> str:
-    """A run's tags as the list and the tags box show them: "baseline, lr 0.5"."""
-    return ", ".join(row.get("tags") or [])
 
 
 def parse_tags(text: str) -> list[str]:

@@ -25,8 +25,9 @@ from PySide6.QtWidgets import (
 )
 
 from engine.publication import publishable_epsilon, publishable_text
+from engine.run_filter import tags_text
 from engine.run_times import duration_seconds, format_duration
-from workbench.runs_model import DeletedRunsModel, RunsTable, parse_tags, stop_reason_label, tags_text
+from workbench.runs_model import DeletedRunsModel, RunsTable, parse_tags, stop_reason_label
 
 # Result rows first, then the config as the engine stored it.
 RESULT_ROWS = (

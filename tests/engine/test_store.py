@@ -85,6 +85,14 @@ def test_a_run_counted_back_from_the_newest(store):
     assert store.find_run("-5")["id"] == named
 
 
+def test_runs_named_several_times_are_found_once_in_the_order_first_named(store):
+    first = store.create_run(RunConfig(name="a", noise_multiplier=1.0))
+    second = store.create_run(RunConfig(name="b", noise_multiplier=1.0))
+    assert [r["id"] for r in store.find_runs(["-1", str(first), "b", "a"])] == [second, first]
+    with pytest.raises(DPWError, match="no run named 'c'"):
+        store.find_runs(["a", "c"])
+
+
 def test_a_renamed_run_is_found_by_its_new_name_with_its_config_hash_unchanged(store):
     run_id = store.create_run(RunConfig(name="first try", noise_multiplier=1.0))
     before = store.get_run(run_id)
