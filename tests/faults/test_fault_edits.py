@@ -1,5 +1,5 @@
-"""Faults during the edits made after training: a run's tags, notes and summary keys (the window's tags
-box and notes, a kept membership audit). A writer killed with SIGKILL at a random moment leaves each
+"""Faults during the edits made after training: a run's tags, notes, name and summary keys (the window's
+tags box, notes and Rename run, a kept membership audit). A writer killed with SIGKILL at a random moment leaves each
 edit whole or absent, never half written, and the ledger intact; two writers setting different
 summary keys at once lose neither key."""
 
@@ -18,9 +18,9 @@ from fault_helpers import check_ledger, snapshot, start, store_with_history
 
 from engine.store import Store
 
-# Edits one run as fast as it can: generation k sets tags t<k>-a..t<k>-e, notes "note <k>" and the
-# summary key given on the command line to {"generation": k, "rows": [k] * 200}, in that order, each
-# its own transaction, and prints k after the three (so the parent knows what was committed).
+# Edits one run as fast as it can: generation k sets tags t<k>-a..t<k>-e, notes "note <k>", the name
+# "name <k>" and the summary key given on the command line to {"generation": k, "rows": [k] * 200}, in
+# that order, each its own transaction, and prints k after the four (so the parent knows what was committed).
 EDITOR = textwrap.dedent("""
     import sys
     from engine.store import Store
@@ -31,6 +31,7 @@ EDITOR = textwrap.dedent("""
         k += 1
         store.set_tags(run_id, [f"t{k}-{c}" for c in "abcde"])
         store.set_notes(run_id, f"note {k}")
+        store.rename_run(run_id, f"name {k}")
         store.set_summary_key(run_id, key, {"generation": k, "rows": [k] * 200})
         print(k, flush=True)
 """)
@@ -44,6 +45,17 @@ def edits_of(db, run_id: int) -> tuple[list[str], str | None, dict]:
     finally:
         conn.close()
     return tags, notes, json.loads(summary) if summary else {}
+
+
+def name_of(db, run_id: int) -> tuple[str, dict, str]:
+    """The run's name, its stored config and config hash, as the row holds them."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        name, config, config_hash = conn.execute(
+            "select name, config, config_hash from runs where id = ?", [run_id]).fetchone()
+    finally:
+        conn.close()
+    return name, json.loads(config), config_hash
 
 
 def store_with_a_result(path):
@@ -67,6 +79,7 @@ def test_a_writer_killed_mid_edit_leaves_each_edit_whole(tmp_path, seed):
     """Twenty kills, each at a random moment of the edit cycle, each followed by the checks."""
     db = store_with_a_result(tmp_path / "runs.sqlite")
     before, before_1 = snapshot(db, [2]), snapshot(db, [1])
+    _, config_before, hash_before = name_of(db, 1)
     rng = random.Random(seed)
     for _ in range(20):
         proc = start(["-c", EDITOR, db, 1, "membership_audit"])
@@ -84,6 +97,10 @@ def test_a_writer_killed_mid_edit_leaves_each_edit_whole(tmp_path, seed):
         generation = generation_of(tags)
         assert generation >= committed
         assert notes in (f"note {generation}", f"note {generation - 1}")  # notes follow tags in a generation
+        name, config, config_hash = name_of(db, 1)
+        assert name in (f"name {generation}", f"name {generation - 1}")  # the name follows the notes
+        assert config == {**config_before, "name": name}  # the row and its config renamed together, nothing else
+        assert config_hash == hash_before  # the name is not in the hash: what the run states is unchanged
         kept = summary["membership_audit"]
         assert kept["rows"] == [kept["generation"]] * 200 and kept["generation"] in (generation, generation - 1)
         assert summary["test_accuracy"] == 0.93  # the training's result kept
