@@ -110,8 +110,9 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
     with StandbyRunner() if not launch.distributed else contextlib.nullcontext() as standby:
         if not as_json:  # reading a large dataset takes a while before anything else is said
             say_on_terminal(f"checking {config_file.name} against its data…")
+        check = standby.check if standby is not None else check_before_storing  # the runner keeps what it checked
         store = open_store_after_check(
-            db, lambda checked: check_before_storing(config, checked_before=checked), dataset=config.dataset)
+            db, lambda checked: check(config, checked_before=checked), dataset=config.dataset)
         run_id = store.create_run(config)
         status = follow_runner(store.path, run_id, as_json=as_json, store=store, launch=launch,
                                summary_follows=True, standby=standby)
@@ -217,16 +218,21 @@ def study(study_file: Path, db: Path | None, data_dir: Path | None, as_json: boo
 
     plan = plan_candidates(config)
     first = first_candidate(config, plan)
-    standbys = [StandbyRunner()] if plan.configs else []  # the first candidate's runner loads meanwhile
+    standbys = [StandbyRunner()] if plan.configs else []  # the first candidate's runner, which checks it
     with contextlib.ExitStack() as ends:
         ends.callback(lambda: [standby.close() for standby in standbys])
         checked = []  # as dpw run's: the data is read and the config checked before a store is created
         if not as_json:
             say_on_terminal(f"checking {study_file.name} against its data…")
-        store = open_store_after_check(
-            db, lambda before: checked.append(check_before_storing(first, checked_before=before)),
-            dataset=first.dataset)
-        _run_study(config, plan, store, standbys, num_train=checked[0].data.num_train, as_json=as_json)
+
+        def check(before: frozenset[str]) -> None:
+            if standbys:
+                checked.append(standbys[0].check(first, checked_before=before))
+            else:
+                checked.append(check_before_storing(first, checked_before=before).data.num_train)
+
+        store = open_store_after_check(db, check, dataset=first.dataset)
+        _run_study(config, plan, store, standbys, num_train=checked[0], as_json=as_json)
 
 
 def _run_study(config: Any, plan: Any, store: Any, standbys: list, *, num_train: int, as_json: bool) -> None:

@@ -28,16 +28,41 @@ def runner_command(db_path: Path, run_id: int, launch: Any = None) -> list[str]:
 
 class StandbyRunner:
     """A runner process started before its run is stored (`python -m engine.runner --standby`): it
-    loads torch and the engine while this process checks the config against its data, so a run's
-    start is not two processes' imports one after the other. `hand` gives it the stored run; one
-    never handed a run (the check refused the config, or Ctrl-C) is ended when this closes, having
-    opened no store. Only for a run in one process (not under torchrun)."""
+    loads torch and the engine at once. `check` has it check the config against its data by preparing
+    the run, which it keeps to train (engine.prepared_ahead): this process imports no torch and the data
+    is read once. `hand` gives it the stored run; one never handed a run (the check refused the config,
+    or Ctrl-C) is ended when this closes, having opened no store. Only for a run in one process (not
+    under torchrun)."""
 
     def __init__(self) -> None:
         own_group = {"process_group": 0} if sys.platform != "win32" else {}  # as follow_runner's runner
         self.proc: subprocess.Popen | None = subprocess.Popen(
             [sys.executable, "-m", "engine.runner", "--standby"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             text=True, bufsize=1, **own_group)
+
+    def check(self, config: Any, *, checked_before: frozenset[str] = frozenset()) -> int:
+        """Raise the engine's DPWError (one line, with a hint) if `config` would fail before training, as
+        engine.precheck.check_before_storing does; else the number of training examples. A runner that
+        ended without answering (killed, out of memory) leaves the check to this process, so a config's
+        problem is still what is said."""
+        from engine.errors import error_from_reply
+
+        reply = None
+        with contextlib.suppress(OSError, ValueError):  # a pipe closed by a runner that ended
+            self.proc.stdin.write(json.dumps({"check": config.to_dict(), "checked_before": sorted(checked_before)})
+                                  + "\n")
+            self.proc.stdin.flush()
+            while reply is None and (line := self.proc.stdout.readline()):
+                with contextlib.suppress(ValueError):  # not the answer: a line a library printed
+                    answer = json.loads(line)
+                    reply = answer.get("checked") if isinstance(answer, dict) else None
+        if reply is None:
+            from engine.precheck import check_before_storing
+
+            return int(check_before_storing(config, checked_before=checked_before).data.num_train)
+        if not reply["ok"]:
+            raise error_from_reply(reply)
+        return int(reply["num_train"])
 
     def hand(self, db_path: Path, run_id: int) -> subprocess.Popen:
         """The process, now executing stored run `run_id` of the store at `db_path`."""

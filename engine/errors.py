@@ -52,6 +52,21 @@ class ModelSaveError(DPWError):
     summary: dict | None = None
 
 
+def error_from_reply(reply: dict) -> DPWError:
+    """A user error another process sent ("message", "hint", and "type" and "field" where known: the
+    store helper's, the pre-run check's and a standby runner's replies) as the class it was raised as,
+    so a caller may act on its kind (offer to replace an export's files, mark a ConfigError's field)."""
+    found = globals().get(reply.get("type") or "")
+    if isinstance(found, type) and issubclass(found, DPWError):
+        kind = found
+    else:
+        kind = ConfigError if reply.get("field") else DPWError
+    if issubclass(kind, ConfigError):
+        field = str(reply.get("field") or "")
+        return kind(field, reply["message"].removeprefix(f"{field}: "), hint=reply.get("hint"))
+    return kind(reply["message"], hint=reply.get("hint"))
+
+
 BUG_HINT = "this is a bug in DP Workbench; the traceback is in the run's error event"
 
 

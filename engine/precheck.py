@@ -34,23 +34,29 @@ def data_size(config: RunConfig, *, checked_before: Collection[str] = ()) -> dic
 
 def answer(request: dict) -> dict:
     """One request's reply. A run config: the check, {"ok": true}. {"size_of": config}: the data's
-    size, {"ok": true, "num_train", "num_test"}. A failure: {"ok": false, "message", "hint", "field"}
-    (a DPWError's one line; anything else as its type and text). Either may carry "checked_before":
-    fingerprints of data that passed the load's check before (engine.runs.prepare)."""
-    from engine.errors import ConfigError, DPWError
-
+    size, {"ok": true, "num_train", "num_test"}. A failure: `refusal`'s reply. Either may carry
+    "checked_before": fingerprints of data that passed the load's check before (engine.runs.prepare)."""
     request = dict(request)
     checked = frozenset(request.pop("checked_before", ()))
     try:
         if "size_of" in request:
             return {"ok": True, **data_size(RunConfig.from_dict(request["size_of"]), checked_before=checked)}
         check_before_storing(RunConfig.from_dict(request), checked_before=checked)
-    except DPWError as exc:
-        return {"ok": False, "message": exc.message, "hint": exc.hint,
-                "field": exc.field if isinstance(exc, ConfigError) else None}
     except Exception as exc:  # the service keeps serving whatever one config does
-        return {"ok": False, "message": f"{type(exc).__name__}: {exc}", "hint": None, "field": None}
+        return refusal(exc)
     return {"ok": True}
+
+
+def refusal(exc: Exception) -> dict:
+    """A failed check as another process gets it (engine.errors.error_from_reply reads it back):
+    {"ok": false, "message", "hint", "type", "field"}: a DPWError's one line, anything else (a bug)
+    as its type and text."""
+    from engine.errors import ConfigError, DPWError
+
+    if isinstance(exc, DPWError):
+        return {"ok": False, "message": exc.message, "hint": exc.hint, "type": type(exc).__name__,
+                "field": exc.field if isinstance(exc, ConfigError) else None}
+    return {"ok": False, "message": f"{type(exc).__name__}: {exc}", "hint": None, "type": None, "field": None}
 
 
 def serve(stdin, stdout) -> int:

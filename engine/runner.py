@@ -89,9 +89,12 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = None, data_parallel: Any = None) -> str:
+def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = None, data_parallel: Any = None,
+            ahead: Any = None) -> str:
     """Run a stored run to its end; returns its final status. With `data_parallel` this is rank 0 of a
-    distributed run (engine.dpsgd.distributed): it hands the config to the other ranks."""
+    distributed run (engine.dpsgd.distributed): it hands the config to the other ranks. `ahead`: the run
+    as this runner prepared it before it was stored (engine.prepared_ahead), trained if the stored
+    config is the one prepared."""
     stop = stop or StopFlag()
     writer = EventWriter(run_id, stream=stream, sink=store.record_event)
     emit = writer.emit
@@ -126,8 +129,11 @@ def execute(store: Store, run_id: int, *, stream=None, stop: StopFlag | None = N
         emit("progress", phase="loading", done=0, total=1)
         from engine.runs import PreparedRun, prepare, store_votes
 
-        prepared = prepare(config, emit=emit, data_parallel=data_parallel,
-                           checked_before=store.checked_fingerprints(config.dataset), split_rule=split_rule)
+        if ahead is not None and resume is None and data_parallel is None:
+            prepared = ahead.take(config, emit)
+        if prepared is None:
+            prepared = prepare(config, emit=emit, data_parallel=data_parallel,
+                               checked_before=store.checked_fingerprints(config.dataset), split_rule=split_rule)
         store_votes(prepared, store, run_id)
         if isinstance(prepared, PreparedRun):  # under torchrun this is rank 0, whose weights are every rank's
             prepared.checkpoint_path = checkpoint_of(store, run_id)
@@ -261,21 +267,29 @@ def serve_rank(data_parallel: Any, stop: StopFlag, *, data_dir: str | None = Non
     return 0
 
 
-def wait_for_run() -> tuple[int, str] | None:
-    """A runner on standby (engine.cli's StandbyRunner): import what a run needs while the caller checks
-    the config against its data, then read which run to execute (None: the caller stored none). The
-    imports are most of a small run's start: torch and the engine, and torch._dynamo, which torch
-    imports when the first optimizer is made (1.3 s on a quiet 2-core machine)."""
+def wait_for_run() -> tuple[int, str, Any] | None:
+    """A runner on standby (engine.cli_follow's StandbyRunner, the window's EngineClient): import what a
+    run needs, then read which run to execute: (run id, store path, the run prepared ahead or None), or
+    None when the caller stored none (end of input, or an empty line). The imports are most of a small
+    run's start: torch and the engine, and torch._dynamo, which torch imports when the first optimizer
+    is made (1.3 s on a quiet 2-core machine). Before the run, the caller may ask for its config to be
+    checked, {"check": config, "checked_before": fingerprints}: the answer, {"checked": reply}, comes on
+    standard output, and the run prepared in checking is the one trained (engine.prepared_ahead)."""
     import json
 
     import torch._dynamo  # noqa: F401
     import engine.runs  # noqa: F401
+    from engine.prepared_ahead import prepare_ahead
 
-    line = sys.stdin.readline()
-    if not line.strip():
-        return None
-    handed = json.loads(line)
-    return int(handed["run_id"]), str(handed["db"])
+    ahead = None
+    while (line := sys.stdin.readline()).strip():
+        request = json.loads(line)
+        if "check" not in request:
+            return int(request["run_id"]), str(request["db"]), ahead
+        reply, ahead = prepare_ahead(request)
+        sys.stdout.write(json.dumps({"checked": reply}, default=str) + "\n")
+        sys.stdout.flush()
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,11 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stop = StopFlag()
     stop.install()
+    ahead = None
     if args.standby:
         handed = wait_for_run()
         if handed is None:
             return 0
-        args.run_id, args.db = handed
+        args.run_id, args.db, ahead = handed
     data_parallel = None
     if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun (engine.distributed_launch)
         from engine.dpsgd.distributed import DataParallel
@@ -313,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             torch.set_num_threads(threads)
-        status = execute(store, args.run_id, stream=sys.stdout, stop=stop, data_parallel=data_parallel)
+        status = execute(store, args.run_id, stream=sys.stdout, stop=stop, data_parallel=data_parallel, ahead=ahead)
     except Exception as exc:  # before the run could start: one line, never a traceback for the user's situation
         message, hint, is_bug = explain(exc, store_path=args.db)
         if is_bug:

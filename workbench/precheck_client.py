@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any, Collection, Mapping
 
-from engine.errors import ConfigError, DPWError
+from engine.errors import DPWError, error_from_reply
 from workbench.store_client import end_helper
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,13 +69,13 @@ class PrecheckClient:
         """Check a RunConfig (blocking; safe from a worker thread): None when it would train.
         `checked_before`: fingerprints of data that passed the check before (engine.runs.prepare)."""
         reply = self._ask({**config.to_dict(), "checked_before": sorted(checked_before)})
-        return None if reply.get("ok") else _problem(reply)
+        return None if reply.get("ok") else error_from_reply(reply)
 
     def data_size(self, config: Any, *, checked_before: Collection[str] = ()) -> tuple[int, int] | DPWError:
         """(training, test) examples of the config's data as a run reads it, or why it cannot be read
         (blocking; from a worker thread: a large dataset takes as long to read as a run's loading)."""
         reply = self._ask({"size_of": config.to_dict(), "checked_before": sorted(checked_before)})
-        return (int(reply["num_train"]), int(reply["num_test"])) if reply.get("ok") else _problem(reply)
+        return (int(reply["num_train"]), int(reply["num_test"])) if reply.get("ok") else error_from_reply(reply)
 
     def _ask(self, request: dict) -> dict:
         with self._lock:
@@ -109,14 +109,6 @@ class PrecheckClient:
                 process.kill()
         with self._lock:
             self._stop()
-
-
-def _problem(reply: dict) -> DPWError:
-    """A failed reply as the engine's error (a ConfigError names its field)."""
-    if reply.get("field"):
-        field = reply["field"]
-        return ConfigError(field, reply["message"].removeprefix(f"{field}: "), hint=reply.get("hint"))
-    return DPWError(reply["message"], hint=reply.get("hint"))
 
 
 def check_while_painting(client: PrecheckClient, config: Any, *,

@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.errors import ConfigError, DPWError
+from engine.errors import DPWError, error_from_reply
 
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 60.0
@@ -39,19 +39,6 @@ class RemoteError(Exception):
     def __init__(self, kind: str, message: str):
         super().__init__(f"{kind}: {message}")
         self.kind = kind
-
-
-def user_error(error: dict[str, Any]) -> DPWError:
-    """A helper's user error as the engine.errors class it was raised as (a caller may act on its kind,
-    e.g. offer to replace an export's files, or mark a ConfigError's field), else a DPWError."""
-    import engine.errors
-
-    found = getattr(engine.errors, error.get("type") or "", None)
-    kind = found if isinstance(found, type) and issubclass(found, DPWError) else DPWError
-    if issubclass(kind, ConfigError):
-        field = str(error.get("field") or "")
-        return kind(field, error["message"].removeprefix(f"{field}: "), hint=error.get("hint"))
-    return kind(error["message"], hint=error.get("hint"))
 
 
 class StoreClient:
@@ -93,7 +80,7 @@ class StoreClient:
             detail = error["message"] if error else self._stderr_tail()
             self._stop()
             if error and error.get("user_error"):
-                raise user_error(error)
+                raise error_from_reply(error)
             raise StoreHelperError(f"cannot open {self.path}: {detail}",
                                    hint="check that the file is a DP Workbench store and can be read")
         self._ready = True
@@ -188,7 +175,7 @@ class StoreClient:
         if error is None:
             return reply.get("result")
         if error.get("user_error"):
-            raise user_error(error)
+            raise error_from_reply(error)
         raise RemoteError(error["type"], error["message"])
 
     # ---- the Store methods the workbench uses -------------------------------------------------
