@@ -296,10 +296,13 @@ class MainWindow(QMainWindow):
         self.audit.log_fpr.setChecked(bool(s.json(AUDIT_LOG_KEY, self.audit.log_fpr.isChecked())))
 
     def _restore_selection(self) -> None:
-        """The run selected when the window last closed, if the store still has it."""
+        """The run selected when the window last closed, if the store still has it; else the newest run
+        listed (a run trained with `dpw run`, then `dpw gui`, opens on that run)."""
         selected = (self.settings.json(RUNS_VIEW_KEY, {}) or {}).get("selected")
         if isinstance(selected, int) and self.runs_model.row_of(selected) is not None:
             self.select_run(selected)
+        elif listed := [self.runs_model.run_at(row)["id"] for row in range(self.runs_model.rowCount())]:
+            self.select_run(max(listed))
 
     def save_settings(self) -> None:
         s = self.settings

@@ -431,6 +431,24 @@ def test_sort_order_show_deleted_log_scale_and_selected_run_are_remembered(windo
     again.close()
 
 
+def test_a_store_opened_with_nothing_remembered_shows_its_newest_listed_run(qtbot, db_path):
+    """`dpw run`, then `dpw gui`: the window opens on that run, not on an empty dashboard; a deleted
+    run (not listed) is passed over."""
+    from engine.config import RunConfig
+    from engine.store import Store
+
+    store = Store(db_path)
+    ids = [store.create_run(RunConfig(name=f"cli-{k}", dataset="digits", noise_multiplier=1.0)) for k in range(3)]
+    store.delete_run(ids[2])
+    store.close()
+    window = MainWindow(db_path, probe=False)
+    qtbot.addWidget(window)
+    window.show()
+    assert window.current_run_id == ids[1]
+    assert window.dashboard.title.text().startswith("Run 2")
+    window.close()
+
+
 def test_the_search_box_filters_by_name_dataset_mechanism_and_status(window, qtbot):
     past_runs(window)
     search = window.runs_panel.search
