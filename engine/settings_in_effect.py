@@ -5,8 +5,9 @@ fields matter only for some values of another one: the momentum only for the 'mo
 the label column only for a CSV file, test examples given apart only for a CSV file or a folder,
 the test fraction only for data without a test split of its own (published, or given apart), the
 declared classes only for a user's own data, the table scaling settings not for a registered image
-dataset (scaled by fixed constants), the statistics' noise multiplier only for normalization = 'dp'.
-The setup form shows, and a report lists, exactly these (one rule for both).
+dataset (scaled by fixed constants), the statistics' noise multiplier only for normalization = 'dp',
+the attack FPR only with a target attack TPR, the canary kind only with audit canaries. The setup
+form shows, and `dpw show`, the window's run panel, Compare and a report list, exactly these.
 """
 
 from __future__ import annotations
@@ -42,7 +43,16 @@ def settings_in_effect(values: Mapping[str, Any]) -> list[str]:
         unused.update(TABLE_SCALING)
     if str(values.get("normalization") or "").strip() != "dp":
         unused.add("normalization_noise_multiplier")
+    if _unset(values.get("target_attack_tpr")):
+        unused.add("target_attack_fpr")
+    if _unset(values.get("audit_canaries")) or str(values.get("audit_canaries")).strip() == "0":
+        unused.add("audit_canary_kind")
     return [name for name in fields_used(mechanism, aggregator) if name not in unused]
+
+
+def _unset(value: Any) -> bool:
+    """No value: None in a config, an empty text in the form."""
+    return value is None or str(value).strip() == ""
 
 
 def settings_without_effect(values: Mapping[str, Any]) -> list[str]:

@@ -72,11 +72,13 @@ def result_values(row: dict[str, Any], continued_by: Sequence[dict[str, Any]] = 
 
 
 def settings_in_use(config: dict[str, Any]) -> dict[str, Any]:
-    """The settings the run's mechanism reads (as `dpw show` lists them: no PATE aggregator for a DP-SGD
-    run); keys this version does not know stay visible."""
-    from engine.config import config_fields, fields_used
+    """The settings the run reads, as `dpw show` lists them (engine.settings_in_effect: no PATE
+    aggregator for a DP-SGD run, no attack FPR without a target TPR); keys this version does not know
+    stay visible."""
+    from engine.config import config_fields
+    from engine.settings_in_effect import settings_in_effect
 
-    used = set(fields_used(config.get("mechanism", ""), config.get("aggregator")))
+    used = set(settings_in_effect(config))
     known = {name for name, _, _ in config_fields()}
     return {k: v for k, v in config.items() if k != "schema_version" and (k in used or k not in known)}
 

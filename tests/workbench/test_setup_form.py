@@ -278,6 +278,14 @@ def test_fields_the_optimizer_and_dataset_do_not_use_are_hidden(form):
     form.set_value("test_data", "/data/held_out.csv")  # the held-out examples given: none are drawn
     assert not shown("test_fraction") and shown("test_data")
     assert form.findChild(QPushButton, "chooseTestDataFile").isVisibleTo(form)
+    form.set_value("target_attack_tpr", "")
+    assert not shown("target_attack_fpr")  # the FPR of a target attack TPR: none set
+    form.set_value("target_attack_tpr", "0.05")
+    assert shown("target_attack_fpr")
+    form.set_value("audit_canaries", "0")
+    assert not shown("audit_canary_kind")
+    form.set_value("audit_canaries", "100")
+    assert shown("audit_canary_kind")
 
 
 def test_a_hidden_momentum_that_does_not_parse_does_not_block_adam(form):
