@@ -64,10 +64,13 @@ class StandbyRunner:
             raise error_from_reply(reply)
         return int(reply["num_train"])
 
-    def hand(self, db_path: Path, run_id: int) -> subprocess.Popen:
-        """The process, now executing stored run `run_id` of the store at `db_path`."""
+    def hand(self, db_path: Path, run_id: int) -> subprocess.Popen | None:
+        """The process, now executing stored run `run_id` of the store at `db_path`; None when it has
+        ended already (killed, out of memory while checking): the caller starts a runner of its own."""
         proc, self.proc = self.proc, None
-        with contextlib.suppress(OSError):  # it died starting: follow_runner marks the run failed, saying so
+        if proc is None or proc.poll() is not None:
+            return None
+        with contextlib.suppress(OSError):  # it died just now: follow_runner marks the run failed, saying so
             proc.stdin.write(json.dumps({"run_id": run_id, "db": str(db_path)}) + "\n")
             proc.stdin.close()
         return proc
@@ -130,7 +133,7 @@ def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=No
     an orphan runner); `stops`, when given, is already installed and remembers them. With
     `store`, the runner is recorded as the run's owner, and a runner that ended without reporting
     leaves its run marked failed with the reason before this returns. `standby`: the runner to hand
-    the run to, already started (else one is started here)."""
+    the run to, already started (else, or if it has ended, one is started here)."""
     if stops is None:
         stops = StopRequests()
         installed = stops.installed()
@@ -140,9 +143,8 @@ def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=No
     # stop (SIGTERM); a runner still starting never dies of it with a KeyboardInterrupt traceback.
     own_group = {"process_group": 0} if sys.platform != "win32" else {}
     with installed:
-        if standby is not None:
-            proc = standby.hand(db_path, run_id)
-        else:
+        proc = standby.hand(db_path, run_id) if standby is not None else None
+        if proc is None:
             proc = subprocess.Popen(runner_command(db_path, run_id, launch), stdout=subprocess.PIPE, text=True,
                                     bufsize=1, **own_group)
         stops.runner = proc

@@ -360,17 +360,18 @@ def test_a_runner_on_standby_that_is_handed_no_run_ends_quietly(tmp_path):
     assert list(tmp_path.iterdir()) == []  # it opened no store
 
 
-def test_a_runner_that_died_on_standby_leaves_its_run_failed_with_the_reason(tmp_path, capsys):
+def test_a_runner_that_died_on_standby_is_replaced_and_its_run_trains(tmp_path, capsys):
+    """Killed, or out of memory while it checked the config: the run is not failed for it."""
     from engine.cli_follow import StandbyRunner, follow_runner
 
     store = Store(tmp_path / "runs.sqlite")
-    run_id = store.create_run(RunConfig(name="never", dataset="digits", noise_multiplier=1.0))
+    run_id = store.create_run(RunConfig(name="replaced", dataset="digits", noise_multiplier=1.0, epochs=1,
+                                        membership_audit=False))
     standby = StandbyRunner()
     standby.proc.kill()
     standby.proc.wait()
-    assert follow_runner(store.path, run_id, store=store, standby=standby) == "failed"
-    run = store.get_run(run_id)
-    assert run["status"] == "failed" and "never started" in run["error"]
+    assert follow_runner(store.path, run_id, store=store, standby=standby, as_json=True) == "finished"
+    assert store.get_run(run_id)["status"] == "finished"
 
 
 def test_config_that_cannot_train_stores_no_run_in_an_existing_store(tmp_path):

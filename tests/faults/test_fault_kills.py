@@ -112,3 +112,45 @@ def test_a_runner_killed_in_its_first_moments_leaves_a_failed_run_not_a_queued_o
     run = check_ledger(db)[3]
     assert run["status"] == "failed" and run["error"]
     assert "error" in out  # dpw run says why, in one line of its summary
+
+
+def standby_runner_of(pid: int) -> int | None:
+    """The `python -m engine.runner --standby` child of process `pid`, if it has one yet."""
+    from pathlib import Path
+
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit():
+                continue
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if parent == pid and b"--standby" in (proc / "cmdline").read_bytes():
+                return int(proc.name)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+@pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize("seed", [31, 32])
+def test_a_standby_runner_killed_while_dpw_run_checks_the_config_costs_nothing(tmp_path, seed):
+    """`dpw run` has its standby runner check the config (engine.prepared_ahead); killed (out of memory,
+    kill -9) before it answered, the command checks the config itself and starts a runner of its own:
+    the run trains, and no failed run is left for it."""
+    import time
+
+    db = store_with_history(tmp_path / "runs.sqlite")
+    before = snapshot(db, [1, 2])
+    config = write_toml(tmp_path / "digits.toml", DIGITS)
+    proc = start(["-m", "engine.cli", "run", config, "--db", db, "--json"])
+    while (standby := standby_runner_of(proc.pid)) is None:
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.005)
+    time.sleep(random.Random(seed).random() * 0.5)  # while it imports torch, before its answer
+    import os
+
+    os.kill(standby, signal.SIGKILL)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    runs = check_ledger(db)
+    assert sorted(runs) == [1, 2, 3] and runs[3]["status"] == "finished" and runs[3]["epsilon"] is not None
+    assert runs[3]["pid"] != standby and snapshot(db, [1, 2]) == before
