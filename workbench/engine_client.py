@@ -5,16 +5,17 @@ can wait on standby, loaded, for the next run (`keep_standby`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Signal
 
-from engine.errors import DPWError
+from engine.errors import DPWError, error_from_reply
 from engine.events import decode
 from engine.store import now_iso
 
@@ -27,6 +28,7 @@ def runner_arguments(db_path: Path, run_id: int) -> list[str]:
 
 
 STANDBY_ARGUMENTS = ["-m", "engine.runner", "--standby"]  # loads, then reads {"run_id", "db"} on stdin
+# (after a {"check": config} first, if asked: EngineClient.check_on_standby)
 
 
 class _Job:
@@ -37,6 +39,43 @@ class _Job:
         self.stderr = b""
         self.finished_status: str | None = None  # from the runner's `finished` event
         self.stop_requested = False
+
+
+def _ask_standby(process: QProcess, request: dict[str, Any]) -> dict[str, Any] | None:
+    """A standby runner's answer to `request` (engine.runner.wait_for_run), the window painting while
+    it comes; None when the process ended first."""
+    from PySide6.QtCore import QEventLoop
+
+    loop = QEventLoop()
+    answer: dict[str, Any] = {}
+    pending = [b""]
+
+    def read() -> None:
+        *lines, pending[0] = (pending[0] + bytes(process.readAllStandardOutput())).split(b"\n")
+        for line in lines:
+            try:
+                reply = json.loads(line)
+            except ValueError:  # not the answer: a line a library printed
+                continue
+            if isinstance(reply, dict) and "checked" in reply:
+                answer.update(reply["checked"])
+                loop.quit()
+
+    def ended(state: QProcess.ProcessState) -> None:  # died, or ended by the window closing meanwhile
+        if state == QProcess.ProcessState.NotRunning:
+            loop.quit()
+
+    process.readyReadStandardOutput.connect(read)
+    process.stateChanged.connect(ended)
+    try:
+        process.write((json.dumps(request) + "\n").encode())
+        if process.state() == QProcess.ProcessState.Running:
+            loop.exec()
+    finally:
+        with contextlib.suppress(RuntimeError):  # a process ended meanwhile may be deleted already
+            process.readyReadStandardOutput.disconnect(read)
+            process.stateChanged.disconnect(ended)
+    return answer or None
 
 
 class EngineClient(QObject):
@@ -116,6 +155,22 @@ class EngineClient(QObject):
         process.finished.connect(lambda *_: self._standby_died(process))
         self.standby, self._standby_environment = process, dict(self.environment)
         process.start(sys.executable, STANDBY_ARGUMENTS)
+
+    def check_on_standby(self, config: Any, *, checked_before: Collection[str] = ()) -> tuple[bool, DPWError | None]:
+        """Have the runner on standby check `config` against its data, as `dpw run`'s does: it keeps the
+        run it prepared in checking and trains it once `submit` hands it the stored run, so the data is
+        read once (engine.prepared_ahead). Asked only when that runner will take the run (loaded with the
+        runners' variables, no run running or queued). The window's event loop runs meanwhile (a local
+        loop). Returns (asked, problem): asked False when no runner on standby answered (none, busy,
+        or it ended while checking): the caller checks the config elsewhere."""
+        process = self.standby
+        if (process is None or self.jobs or self.queue or process.state() != QProcess.ProcessState.Running
+                or self._standby_environment != self.environment):
+            return False, None
+        reply = _ask_standby(process, {"check": config.to_dict(), "checked_before": sorted(checked_before)})
+        if reply is None:
+            return False, None
+        return True, None if reply["ok"] else error_from_reply(reply)
 
     def _standby_died(self, process: QProcess) -> None:
         if self.standby is process:

@@ -600,14 +600,18 @@ class MainWindow(QMainWindow):
         if self._checking:
             return None
         # The checks `dpw run` does before storing (data found, rules on the real data, model, plan),
-        # in a helper process while the window paints: a config that fails leaves no failed run.
+        # in another process while the window paints: a config that fails leaves no failed run. The
+        # runner on standby does them when it will train the run (it keeps what it read), else the helper.
         self._checking = True
         self.act_start.setEnabled(False)
         self.form.start_button.setEnabled(False)
         self.statusBar().showMessage(f"Checking {config.name}: loading its data and planning its privacy…")
         try:
-            problem = check_while_painting(self.precheck, config,
-                                           checked_before=self._checked_fingerprints(config.dataset))
+            checked_before = self._checked_fingerprints(config.dataset)
+            asked, problem = (False, None) if continues is not None else self.client.check_on_standby(
+                config, checked_before=checked_before)
+            if not asked:
+                problem = check_while_painting(self.precheck, config, checked_before=checked_before)
         finally:
             self._checking = False
             self.act_start.setEnabled(self.form.valid)

@@ -7,8 +7,9 @@ answers (a runner on standby, the pre-run check's helper).
 Each pair opens a window on a new store, waits as a user filling the form would (--wait seconds),
 starts the same quick DP-SGD run on the built-in digits (no files needed), and times Start to the
 first training step and to the run's end: once cold (the check's helper and the runner start at
-Start), once warm (EngineClient.keep_standby and PrecheckClient.warm, as the window does once its
-engine probe answers), alternating. Prints a table and the medians.
+Start), once warm (EngineClient.keep_standby, whose runner then checks the config at Start and trains
+what it prepared, and PrecheckClient.warm, as the window does once its engine probe answers),
+alternating. Prints a table and the medians.
 """
 
 from __future__ import annotations

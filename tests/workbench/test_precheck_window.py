@@ -3,6 +3,8 @@ line in the form and leaves no run in the store."""
 
 from __future__ import annotations
 
+import pytest
+
 from engine.store import Store
 from workbench.setup_form import INVALID_MARK
 
@@ -166,3 +168,82 @@ def test_a_warmed_helper_answers_the_first_check_and_one_closed_while_it_starts_
     starting = closing._starting
     closing.close()  # while it imports
     assert starting.wait(timeout=30) is not None and closing._process is None
+
+
+def checks_by_the_helper(window) -> list[str]:
+    """The names of the configs the pre-run check's helper is asked to check from now on."""
+    checks: list[str] = []
+    check = window.precheck.check
+    window.precheck.check = lambda config, **kwargs: checks.append(config.name) or check(config, **kwargs)
+    return checks
+
+
+def runner_on_standby(window, qtbot):
+    """The window's runner on standby, loaded (as once the engine probe answered)."""
+    window.client.keep_standby()
+    standby = window.client.standby
+    qtbot.waitUntil(lambda: standby.state() == standby.ProcessState.Running, timeout=20_000)
+    return standby
+
+def test_a_runner_on_standby_checks_the_run_it_will_train(window, qtbot, tmp_path):
+    """With a runner on standby, Start has it check the config: a config it refuses is marked at its field
+    as the helper's check marks it (no run stored; the runner stays on standby for the next Start), and
+    a config it passes is trained by that runner from what it prepared in checking (the data read and the
+    noise calibrated once). The check's helper is not asked (it reads a CSV's size for the preview)."""
+    checks = checks_by_the_helper(window)
+    client, standby = window.client, runner_on_standby(window, qtbot)
+    table = tmp_path / "small.csv"
+    table.write_text("a,b,label\n" + "".join(f"{i % 7},{(3 * i) % 5},{i % 2}\n" for i in range(60)))
+    for name, value in dict(name="small-csv", dataset=str(table), noise_multiplier="1.0", target_epsilon="",
+                            delta="0.05", expected_batch_size="8", epochs="1", model="auto").items():
+        window.form.set_value(name, value)
+    assert window.start_run(window.form.config()) is None
+    assert _store_ids(window) == [] and "1/N" in window.form.fields["delta"].message
+    assert client.standby is standby and standby.state() == standby.ProcessState.Running
+
+    for name, value in dict(name="digits-checked-ahead", dataset="digits", noise_multiplier="", target_epsilon="2",
+                            delta="1e-4", expected_batch_size="64", epochs="1").items():
+        window.form.set_value(name, value)
+    run_id = window.start_run(window.form.config())
+    assert run_id is not None and client.jobs[run_id].process is standby
+    qtbot.waitUntil(lambda: window.run_data[run_id].finished, timeout=120_000)
+    assert window.run_data[run_id].status == "finished"
+    events = Store(window.store.path, readonly=True).events(run_id)
+    assert [e["type"] for e in events].count("plan") == 1
+    assert not any(e["type"] == "progress" and e.get("phase") == "calibrating" for e in events)
+    assert checks == []
+
+
+def test_a_runner_on_standby_that_dies_before_it_answers_leaves_the_check_to_the_helper(window, qtbot):
+    import os
+    import signal
+    import time
+
+    checks = checks_by_the_helper(window)
+    standby = runner_on_standby(window, qtbot)
+    for name, value in dict(name="digits-standby-died", dataset="digits", noise_multiplier="1.0", target_epsilon="",
+                            delta="1e-4", expected_batch_size="64", epochs="1", model="auto").items():
+        window.form.set_value(name, value)
+    os.kill(standby.processId(), signal.SIGKILL)
+    time.sleep(0.2)  # dead; the window has not been told yet
+    run_id = window.start_run(window.form.config())
+    assert run_id is not None and checks == ["digits-standby-died"], window.statusBar().currentMessage()
+    qtbot.waitUntil(lambda: window.run_data[run_id].finished, timeout=120_000)
+    assert window.run_data[run_id].status == "finished" and _store_ids(window) == [run_id]
+
+
+def test_a_window_closed_while_its_runner_on_standby_checks_stores_nothing_and_ends_it(window, qtbot, mnist_dir):
+    from PySide6.QtCore import QTimer
+
+    standby = runner_on_standby(window, qtbot)
+    pid = standby.processId()
+    for name, value in dict(name="mnist-closed", dataset="mnist", noise_multiplier="1.0", target_epsilon="",
+                            delta="1e-5", epochs="1", model="mlp").items():
+        window.form.set_value(name, value)
+    QTimer.singleShot(0, window.close)  # the first thing the window does while it waits for the answer
+    assert window.start_run(window.form.config()) is None
+    assert _store_ids(window) == [] and window.client.standby is None
+    import os
+
+    with pytest.raises(ProcessLookupError):  # ended with the window, not left checking
+        os.kill(pid, 0)
