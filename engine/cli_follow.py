@@ -46,16 +46,14 @@ class StandbyRunner:
         ended without answering (killed, out of memory) leaves the check to this process, so a config's
         problem is still what is said."""
         from engine.errors import error_from_reply
+        from engine.prepared_ahead import check_answer, check_request
 
         reply = None
         with contextlib.suppress(OSError, ValueError):  # a pipe closed by a runner that ended
-            self.proc.stdin.write(json.dumps({"check": config.to_dict(), "checked_before": sorted(checked_before)})
-                                  + "\n")
+            self.proc.stdin.write(check_request(config, checked_before))
             self.proc.stdin.flush()
             while reply is None and (line := self.proc.stdout.readline()):
-                with contextlib.suppress(ValueError):  # not the answer: a line a library printed
-                    answer = json.loads(line)
-                    reply = answer.get("checked") if isinstance(answer, dict) else None
+                reply = check_answer(line)
         if reply is None:
             from engine.precheck import check_before_storing
 

@@ -1,9 +1,10 @@
 """A run prepared before it is stored, by the runner that will train it.
 
-`dpw run` starts its runner on standby and asks it to check the config against its data; the check
-is the run's own preparation (engine.runs.prepare: the data loaded, the model built, the privacy
-planned), which the runner keeps and trains once the run is stored. Checked in the command's own
-process instead, a run imported torch twice on the same cores and read its data twice. The events
+`dpw run` and `dpw study` start a runner on standby and ask it to check the config against its data
+(the window asks its runner on standby at Start); the check is the run's own preparation
+(engine.runs.prepare: the data loaded, the model built, the privacy planned), which the runner keeps
+and trains once the run is stored. Checked in another process instead, a run imported torch twice on
+the same cores and read its data twice. The events
 the preparation emits (its plan, any warning) wait until the run exists, then go to its stream in
 order; its loading progress, long over by then, is dropped.
 """
@@ -11,8 +12,10 @@ order; its loading progress, long over by then, is dropped.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import traceback
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -62,6 +65,27 @@ class PreparedAhead:
         # The runner sets the run's CPU threads once it knows the run (engine.runner.threads_for).
         self.events.connect(emit, plan_update={"threads": torch.get_num_threads()})
         return self.prepared
+
+
+def check_request(config: RunConfig, checked_before: Collection[str] = ()) -> str:
+    """The line asking a standby runner to check `config` (engine.runner.wait_for_run). `checked_before`:
+    fingerprints of data that passed the load's check before (engine.runs.prepare)."""
+    return json.dumps({"check": config.to_dict(), "checked_before": sorted(checked_before)}) + "\n"
+
+
+def answer_line(reply: dict[str, Any]) -> str:
+    """The line a standby runner answers a check request with (`prepare_ahead`'s reply)."""
+    return json.dumps({"checked": reply}, default=str) + "\n"
+
+
+def check_answer(line: str | bytes) -> dict[str, Any] | None:
+    """The reply if `line` is a standby runner's answer (`answer_line`); None for any other line (one a
+    library printed)."""
+    try:
+        answer = json.loads(line)
+    except ValueError:
+        return None
+    return answer.get("checked") if isinstance(answer, dict) else None
 
 
 def prepare_ahead(request: dict[str, Any]) -> tuple[dict[str, Any], PreparedAhead | None]:

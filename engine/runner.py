@@ -279,7 +279,7 @@ def wait_for_run() -> tuple[int, str, Any] | None:
 
     import torch._dynamo  # noqa: F401
     import engine.runs  # noqa: F401
-    from engine.prepared_ahead import prepare_ahead
+    from engine.prepared_ahead import answer_line, prepare_ahead
 
     ahead = None
     while (line := sys.stdin.readline()).strip():
@@ -287,7 +287,7 @@ def wait_for_run() -> tuple[int, str, Any] | None:
         if "check" not in request:
             return int(request["run_id"]), str(request["db"]), ahead
         reply, ahead = prepare_ahead(request)
-        sys.stdout.write(json.dumps({"checked": reply}, default=str) + "\n")
+        sys.stdout.write(answer_line(reply))
         sys.stdout.flush()
     return None
 

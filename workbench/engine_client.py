@@ -17,6 +17,7 @@ from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Signal
 
 from engine.errors import DPWError, error_from_reply
 from engine.events import decode
+from engine.prepared_ahead import check_answer, check_request
 from engine.store import now_iso
 
 STDERR_KEPT = 4000  # characters of a runner's stderr kept to explain a crash
@@ -41,8 +42,8 @@ class _Job:
         self.stop_requested = False
 
 
-def _ask_standby(process: QProcess, request: dict[str, Any]) -> dict[str, Any] | None:
-    """A standby runner's answer to `request` (engine.runner.wait_for_run), the window painting while
+def _ask_standby(process: QProcess, request: str) -> dict[str, Any] | None:
+    """A standby runner's answer to a check request (engine.prepared_ahead), the window painting while
     it comes; None when the process ended first."""
     from PySide6.QtCore import QEventLoop
 
@@ -53,12 +54,8 @@ def _ask_standby(process: QProcess, request: dict[str, Any]) -> dict[str, Any] |
     def read() -> None:
         *lines, pending[0] = (pending[0] + bytes(process.readAllStandardOutput())).split(b"\n")
         for line in lines:
-            try:
-                reply = json.loads(line)
-            except ValueError:  # not the answer: a line a library printed
-                continue
-            if isinstance(reply, dict) and "checked" in reply:
-                answer.update(reply["checked"])
+            if (reply := check_answer(line)) is not None:
+                answer.update(reply)
                 loop.quit()
 
     def ended(state: QProcess.ProcessState) -> None:  # died, or ended by the window closing meanwhile
@@ -68,7 +65,7 @@ def _ask_standby(process: QProcess, request: dict[str, Any]) -> dict[str, Any] |
     process.readyReadStandardOutput.connect(read)
     process.stateChanged.connect(ended)
     try:
-        process.write((json.dumps(request) + "\n").encode())
+        process.write(request.encode())
         if process.state() == QProcess.ProcessState.Running:
             loop.exec()
     finally:
@@ -167,7 +164,7 @@ class EngineClient(QObject):
         if (process is None or self.jobs or self.queue or process.state() != QProcess.ProcessState.Running
                 or self._standby_environment != self.environment):
             return False, None
-        reply = _ask_standby(process, {"check": config.to_dict(), "checked_before": sorted(checked_before)})
+        reply = _ask_standby(process, check_request(config, checked_before))
         if reply is None:
             return False, None
         return True, None if reply["ok"] else error_from_reply(reply)
