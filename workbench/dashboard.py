@@ -335,7 +335,9 @@ class Dashboard(QWidget):
         self.messages.show_messages(data)
         self._budget_text(data)
         self.pages.setCurrentWidget(self.pate_page if data.mechanism == "pate" else self.dpsgd_page)
-        self._dirty = self._groups(data)
+        # Queued in turn, not from the first again: a run whose events come every frame would have its
+        # first plot drawn at every tick and the others never.
+        self._dirty += [group for group in self._groups(data) if group not in self._dirty]
         if complete:
             while self._dirty:
                 self._dirty.pop(0)(data)

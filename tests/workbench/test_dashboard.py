@@ -98,6 +98,20 @@ def test_each_accountant_keeps_its_colour_whatever_order_curves_arrive_in(dashbo
     assert first["pld"] == colour(accountant_colour("pld")).name() != first["rdp"]
 
 
+def test_every_plot_keeps_up_with_a_run_whose_events_come_every_frame(dashboard, qtbot):
+    """A fast run's events change its data before every redraw tick; each tick draws one plot, and
+    each plot is drawn in turn (the privacy plot, last of three, stood still for seconds while the
+    accuracy plot was drawn again and again)."""
+    data = dpsgd_run(steps=20, status=None)
+    dashboard.show_run(data)
+    for step in range(21, 41):  # one step's events between two ticks
+        data.apply({"type": "metric", "step": step, "name": "train_loss", "value": 2.0 / step})
+        data.apply({"type": "privacy", "step": step, "accountant": "pld", "epsilon": 0.1 * step ** 0.8})
+        dashboard._tick()
+    drawn = {name: curve.getData()[0] for name, curve in dashboard.eps_curves.items()}
+    assert drawn["pld"][-1] >= 40 - len(dashboard._groups(data))  # at most one round of plots behind
+
+
 def test_a_live_rdp_curve_over_the_budget_is_explained_when_pld_stays_under(dashboard, qtbot):
     data = dpsgd_run(budget=3.0)  # rdp ends at 4.7, pld at 3.5 at step 85; pld below 3 up to step 68
     data.privacy["pld"].y[:] = np.minimum(data.privacy["pld"].y, 2.9)
