@@ -64,7 +64,7 @@ def result_values(row: dict[str, Any], continued_by: Sequence[dict[str, Any]] = 
         f"run {row['resumed_from']} from step {row.get('steps_resumed') or '?'} (ε covers both)",
         "continued_by": ", ".join(f"run {r['id']} ({r.get('status')})" for r in continued_by) or None,
         "training_time": format_duration((row.get("summary") or {}).get("seconds")) or None,  # as dpw show's
-        "duration": format_duration(duration_seconds(row)) or None,  # start to end: loading, training, audit
+        "duration": format_duration(duration_seconds(row)) or None,  # the runner's start to the run's end
         "stop_reason": stop_reason_label(row) or None,
         "error": row.get("error"),
     }
