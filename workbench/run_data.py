@@ -205,6 +205,8 @@ class RunData:
         row = stored["run"]
         data = cls(run_id=run_id, name=row["name"], mechanism=row["mechanism"], status=row["status"],
                    config=row.get("config") or {}, study=row.get("study"))
+        if row.get("resumed_from") is not None:  # as its `started` event says, which a replay leaves out
+            data.continues = (int(row["resumed_from"]), int(row.get("steps_resumed") or 0))
         for table, curves in ((data.metrics, stored["metrics"]), (data.privacy, stored["privacy"])):
             for name, (steps, values) in curves.items():
                 cls.series(table, name).extend(steps, np.array(values, dtype=float))  # None -> nan

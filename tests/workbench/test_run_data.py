@@ -25,6 +25,22 @@ def test_a_continued_run_knows_which_run_and_step_it_continues():
     assert data.continues == (2, 297)
 
 
+def test_a_continued_run_read_from_the_store_knows_which_run_and_step_it_continues(tmp_path):
+    """A window opened on a store (not following the run) replays it without its `started` event:
+    the dashboard's "continues run 2 from step 297" comes from the run's row."""
+    from engine.config import RunConfig
+    from engine.store import Store
+
+    store = Store(tmp_path / "runs.sqlite")
+    config = RunConfig(name="a", dataset="digits", noise_multiplier=1.0)
+    first = store.create_run(config)
+    store.update_run(first, status="stopped")
+    second = store.create_run(config, resumed_from=first)
+    store.update_run(second, steps_resumed=297)
+    assert RunData.from_store(store, first).continues is None
+    assert RunData.from_store(store, second).continues == (first, 297)
+
+
 def test_events_become_curves_progress_and_messages():
     data = RunData(run_id=1)
     data.apply({"type": "started", "name": "a", "mechanism": "dpsgd", "config": {"accountant": "pld"}})
