@@ -34,11 +34,17 @@ def data_size(config: RunConfig, *, checked_before: Collection[str] = ()) -> dic
 
 def answer(request: dict) -> dict:
     """One request's reply. A run config: the check, {"ok": true}. {"size_of": config}: the data's
-    size, {"ok": true, "num_train", "num_test"}. A failure: `refusal`'s reply. Either may carry
-    "checked_before": fingerprints of data that passed the load's check before (engine.runs.prepare)."""
+    size, {"ok": true, "num_train", "num_test"}. {"capabilities": true}: what the engine offers here
+    (engine.capabilities), {"ok": true, "device", ...}. A failure: `refusal`'s reply. A config or
+    size_of may carry "checked_before": fingerprints of data that passed the load's check before
+    (engine.runs.prepare)."""
     request = dict(request)
     checked = frozenset(request.pop("checked_before", ()))
     try:
+        if request.get("capabilities") is True:
+            from engine.capabilities import engine_capabilities
+
+            return {"ok": True, **engine_capabilities()}
         if "size_of" in request:
             return {"ok": True, **data_size(RunConfig.from_dict(request["size_of"]), checked_before=checked)}
         check_before_storing(RunConfig.from_dict(request), checked_before=checked)
@@ -61,7 +67,8 @@ def refusal(exc: Exception) -> dict:
 
 def serve(stdin, stdout) -> int:
     """`python -m engine.precheck`: one request (JSON, see `answer`) per line in, one reply per line
-    out, until end of input. The window keeps one such process, so torch is imported once, not per run."""
+    out, until end of input. The window keeps one such process, so torch is imported once, not per run
+    (it also answers the window's question of what the engine offers)."""
     import json
 
     stdout.write(json.dumps({"ready": True}) + "\n")

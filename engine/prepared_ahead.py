@@ -78,6 +78,25 @@ def answer_line(reply: dict[str, Any]) -> str:
     return json.dumps({"checked": reply}, default=str) + "\n"
 
 
+CAPABILITIES_REQUEST = json.dumps({"capabilities": True}) + "\n"  # what the engine offers (engine.capabilities)
+
+
+def capabilities_line() -> str:
+    """A standby runner's answer to CAPABILITIES_REQUEST: {"capabilities": engine.capabilities' dict}."""
+    from engine.capabilities import engine_capabilities
+
+    return json.dumps({"capabilities": engine_capabilities()}) + "\n"
+
+
+def capabilities_answer(line: str | bytes) -> dict[str, Any] | None:
+    """What the engine offers if `line` is a standby runner's `capabilities_line`; None for any other."""
+    try:
+        answer = json.loads(line)
+    except ValueError:
+        return None
+    return answer.get("capabilities") if isinstance(answer, dict) else None
+
+
 def check_answer(line: str | bytes) -> dict[str, Any] | None:
     """The reply if `line` is a standby runner's answer (`answer_line`); None for any other line (one a
     library printed)."""

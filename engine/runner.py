@@ -274,20 +274,35 @@ def wait_for_run() -> tuple[int, str, Any] | None:
     run's start: torch and the engine, and torch._dynamo, which torch imports when the first optimizer
     is made (1.3 s on a quiet 2-core machine). Before the run, the caller may ask for its config to be
     checked, {"check": config, "checked_before": fingerprints}: the answer, {"checked": reply}, comes on
-    standard output, and the run prepared in checking is the one trained (engine.prepared_ahead)."""
+    standard output, and the run prepared in checking is the one trained (engine.prepared_ahead). It may
+    also ask what the engine offers, {"capabilities": true} (the window's engine probe, as it starts it),
+    answered {"capabilities": {...}} (engine.capabilities)."""
     import json
+    import select
 
+    from engine.prepared_ahead import capabilities_line
+
+    # A question asked as it started is answered once torch is in, before the rest of the imports.
+    first = sys.stdin.readline() if select.select([sys.stdin], [], [], 0)[0] else None
+    if first and json.loads(first).get("capabilities") is True:
+        sys.stdout.write(capabilities_line())
+        sys.stdout.flush()
+        first = None
     import torch._dynamo  # noqa: F401
     import engine.runs  # noqa: F401
     from engine.prepared_ahead import answer_line, prepare_ahead
 
     ahead = None
-    while (line := sys.stdin.readline()).strip():
+    while (line := first if first is not None else sys.stdin.readline()).strip():
+        first = None
         request = json.loads(line)
-        if "check" not in request:
+        if request.get("capabilities") is True:
+            sys.stdout.write(capabilities_line())
+        elif "check" in request:
+            reply, ahead = prepare_ahead(request)
+            sys.stdout.write(answer_line(reply))
+        else:
             return int(request["run_id"]), str(request["db"]), ahead
-        reply, ahead = prepare_ahead(request)
-        sys.stdout.write(answer_line(reply))
         sys.stdout.flush()
     return None
 

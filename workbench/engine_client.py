@@ -5,7 +5,6 @@ can wait on standby, loaded, for the next run (`keep_standby`).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -17,7 +16,7 @@ from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Signal
 
 from engine.errors import DPWError, error_from_reply
 from engine.events import decode
-from engine.prepared_ahead import check_answer, check_request
+from engine.prepared_ahead import CAPABILITIES_REQUEST, capabilities_answer, check_answer, check_request
 from engine.store import now_iso
 
 STDERR_KEPT = 4000  # characters of a runner's stderr kept to explain a crash
@@ -29,7 +28,8 @@ def runner_arguments(db_path: Path, run_id: int) -> list[str]:
 
 
 STANDBY_ARGUMENTS = ["-m", "engine.runner", "--standby"]  # loads, then reads {"run_id", "db"} on stdin
-# (after a {"check": config} first, if asked: EngineClient.check_on_standby)
+# (after a {"check": config} first, if asked: EngineClient.check_on_standby, and {"capabilities": true}:
+# EngineClient.ask_capabilities)
 
 
 class _Job:
@@ -40,39 +40,6 @@ class _Job:
         self.stderr = b""
         self.finished_status: str | None = None  # from the runner's `finished` event
         self.stop_requested = False
-
-
-def _ask_standby(process: QProcess, request: str) -> dict[str, Any] | None:
-    """A standby runner's answer to a check request (engine.prepared_ahead), the window painting while
-    it comes; None when the process ended first."""
-    from PySide6.QtCore import QEventLoop
-
-    loop = QEventLoop()
-    answer: dict[str, Any] = {}
-    pending = [b""]
-
-    def read() -> None:
-        *lines, pending[0] = (pending[0] + bytes(process.readAllStandardOutput())).split(b"\n")
-        for line in lines:
-            if (reply := check_answer(line)) is not None:
-                answer.update(reply)
-                loop.quit()
-
-    def ended(state: QProcess.ProcessState) -> None:  # died, or ended by the window closing meanwhile
-        if state == QProcess.ProcessState.NotRunning:
-            loop.quit()
-
-    process.readyReadStandardOutput.connect(read)
-    process.stateChanged.connect(ended)
-    try:
-        process.write(request.encode())
-        if process.state() == QProcess.ProcessState.Running:
-            loop.exec()
-    finally:
-        with contextlib.suppress(RuntimeError):  # a process ended meanwhile may be deleted already
-            process.readyReadStandardOutput.disconnect(read)
-            process.stateChanged.disconnect(ended)
-    return answer or None
 
 
 class EngineClient(QObject):
@@ -88,6 +55,8 @@ class EngineClient(QObject):
     run_ended = Signal(int, str)  # run id, final status
     run_lost = Signal(int, str, str)  # run id, message, hint: ended without a finished event
     queue_changed = Signal()
+    capabilities = Signal(dict)  # what the engine offers, as the runner on standby answered (ask_capabilities)
+    capabilities_unanswered = Signal()  # the runner asked ended or was handed a run before it answered
 
     def __init__(self, store: Any, *, max_parallel: int = 1, parent: QObject | None = None):
         super().__init__(parent)
@@ -99,6 +68,10 @@ class EngineClient(QObject):
         self.standby: QProcess | None = None  # a runner loaded ahead of the next run
         self._standby_environment: dict[str, str] = {}
         self._standby_wanted = False
+        self._standby_output = b""  # the standby's stdout not yet split into lines
+        self._capabilities_asked = False  # asked, not yet answered
+        self._check_reply: dict[str, Any] | None = None
+        self._check_wait: Any = None  # the local event loop of a check in progress
 
     # ---- queue ---------------------------------------------------------------------------------
     def submit(self, config: Any, *, continues: int | None = None) -> int:
@@ -150,8 +123,43 @@ class EngineClient(QObject):
             return  # loading it beside a run would slow the run down
         process = self._new_process()
         process.finished.connect(lambda *_: self._standby_died(process))
+        process.readyReadStandardOutput.connect(lambda: self._read_standby(process))
         self.standby, self._standby_environment = process, dict(self.environment)
+        self._standby_output = b""
         process.start(sys.executable, STANDBY_ARGUMENTS)
+
+    def ask_capabilities(self) -> bool:
+        """Ask the runner on standby what the engine offers (engine.capabilities: device, datasets,
+        models); the answer comes as `capabilities`, once it has loaded. One process imports torch for
+        both, where a probe of its own imported it again at every window start. False when there is no
+        runner on standby to ask (`capabilities_unanswered` follows if it ends before answering)."""
+        if self.standby is None:
+            return False
+        self._capabilities_asked = True
+        self.standby.write(CAPABILITIES_REQUEST.encode())  # read once it has loaded
+        return True
+
+    def _read_standby(self, process: QProcess) -> None:
+        """The standby's answers, to a capabilities question or a check (any other line is a library's)."""
+        if process is not self.standby:
+            return
+        *lines, self._standby_output = (self._standby_output + bytes(process.readAllStandardOutput())).split(b"\n")
+        for line in lines:
+            if (offered := capabilities_answer(line)) is not None:
+                self._capabilities_asked = False
+                self.capabilities.emit(offered)
+            elif (reply := check_answer(line)) is not None and self._check_wait is not None:
+                self._check_reply = reply
+                self._check_wait.quit()
+
+    def _standby_gone(self) -> None:
+        """The standby ended or was handed a run: a question it did not answer is not answered."""
+        self._standby_output = b""
+        if self._check_wait is not None:
+            self._check_wait.quit()
+        if self._capabilities_asked:
+            self._capabilities_asked = False
+            self.capabilities_unanswered.emit()
 
     def check_on_standby(self, config: Any, *, checked_before: Collection[str] = ()) -> tuple[bool, DPWError | None]:
         """Have the runner on standby check `config` against its data, as `dpw run`'s does: it keeps the
@@ -164,7 +172,14 @@ class EngineClient(QObject):
         if (process is None or self.jobs or self.queue or process.state() != QProcess.ProcessState.Running
                 or self._standby_environment != self.environment):
             return False, None
-        reply = _ask_standby(process, check_request(config, checked_before))
+        from PySide6.QtCore import QEventLoop
+
+        self._check_reply, self._check_wait = None, QEventLoop()
+        try:
+            process.write(check_request(config, checked_before).encode())
+            self._check_wait.exec()  # until _read_standby has the answer or the runner is gone
+        finally:
+            reply, self._check_reply, self._check_wait = self._check_reply, None, None
         if reply is None:
             return False, None
         return True, None if reply["ok"] else error_from_reply(reply)
@@ -172,6 +187,7 @@ class EngineClient(QObject):
     def _standby_died(self, process: QProcess) -> None:
         if self.standby is process:
             self.standby, self._standby_wanted = None, False
+            self._standby_gone()
             process.deleteLater()
 
     def _take_standby(self, run_id: int) -> QProcess | None:
@@ -181,6 +197,8 @@ class EngineClient(QObject):
         if process is None:
             return None
         process.finished.disconnect()
+        process.readyReadStandardOutput.disconnect()
+        self._standby_gone()
         if process.state() != QProcess.ProcessState.Running or self._standby_environment != self.environment:
             self._end(process)
             return None
@@ -193,6 +211,8 @@ class EngineClient(QObject):
         process, self.standby = self.standby, None
         if process is not None:
             process.finished.disconnect()
+            process.readyReadStandardOutput.disconnect()
+            self._standby_gone()
             self._end(process)
 
     @staticmethod

@@ -110,10 +110,11 @@ class MainWindow(QMainWindow):
         self.votes_timer.setInterval(VOTES_REFRESH_MS)
         self.votes_timer.timeout.connect(self._refresh_live_votes)
 
-        self.probe = EngineProbe(self)
+        self.probe = EngineProbe(self.client, self.precheck, self)
         self.probe.ready.connect(self._on_probe)
         self.probe.failed.connect(lambda msg: self.device_label.setText(f"Engine: not available ({msg})"))
-        if probe:
+        if probe:  # the runner kept loaded for the next run says what the engine offers, once loaded
+            self.client.keep_standby()
             self.probe.start()
 
     # ---- construction --------------------------------------------------------------------------
@@ -352,10 +353,7 @@ class MainWindow(QMainWindow):
         self.audit.shutdown()
         self.list_timer.stop()
         self.dashboard.timer.stop()
-        if self.probe.process.state() != self.probe.process.ProcessState.NotRunning:
-            self.probe.process.kill()
-            self.probe.process.waitForFinished(1000)
-        self.precheck.close()
+        self.precheck.close()  # a probe or a check still waiting on its helper is cut short
         self.store.close()
         super().closeEvent(event)
 
@@ -365,8 +363,6 @@ class MainWindow(QMainWindow):
 
     # ---- engine probe --------------------------------------------------------------------------
     def _on_probe(self, result: dict[str, Any]) -> None:
-        self.client.keep_standby()  # the engine loads: keep a runner loaded for the next Start,
-        self.precheck.warm()  # and the helper that checks a config before it is stored
         name = result.get("device_name")
         self.device_label.setText(f"Engine device: {result['device']}" + (f" ({name})" if name else ""))
         self.device_label.setToolTip(f"torch {result.get('torch')}; runs with device 'auto' use this")

@@ -34,21 +34,6 @@ class PrecheckClient:
         self._lock = threading.Lock()
         self._closed = False
 
-    def warm(self) -> None:
-        """Start the helper now, in a background thread, so that the first check does not wait for its
-        imports (torch: 2 to 3 s on a 2-core machine). One that cannot start is started again, and
-        says why, at the first check."""
-        def start() -> None:
-            with self._lock:
-                if self._closed or (self._process is not None and self._process.poll() is None):
-                    return
-                try:
-                    self._process = self._start()
-                except DPWError:
-                    self._process = None
-
-        threading.Thread(target=start, name="precheck-warm", daemon=True).start()
-
     def _start(self) -> subprocess.Popen:
         env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8", **self.environment)
         env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -77,6 +62,12 @@ class PrecheckClient:
         reply = self._ask({"size_of": config.to_dict(), "checked_before": sorted(checked_before)})
         return (int(reply["num_train"]), int(reply["num_test"])) if reply.get("ok") else error_from_reply(reply)
 
+    def capabilities(self) -> dict[str, Any] | DPWError:
+        """What the engine offers here (engine.capabilities: device, datasets, models), or why the
+        helper could not say (blocking; from a worker thread: the helper imports torch first)."""
+        reply = self._ask({"capabilities": True})
+        return {k: v for k, v in reply.items() if k != "ok"} if reply.get("ok") else error_from_reply(reply)
+
     def _ask(self, request: dict) -> dict:
         with self._lock:
             for _ in range(2):  # a helper that died since the last request is started again once
@@ -104,7 +95,7 @@ class PrecheckClient:
     def close(self) -> None:
         """End the helper (end of input); a check in progress is cut short (it answers that it ended)."""
         self._closed = True
-        for process in (self._process, self._starting):  # a check or a warm start in progress
+        for process in (self._process, self._starting):  # a request, or the helper's start, in progress
             if process is not None and self._lock.locked():
                 process.kill()
         with self._lock:

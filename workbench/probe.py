@@ -1,76 +1,66 @@
-"""What the engine offers on this machine: device, datasets, models.
+"""What the engine offers on this machine (device, datasets, models), for the window.
 
-Importing torch takes seconds, so the window never does it itself: it runs
-`python -m workbench.probe`, which prints one JSON object, and fills in the answers when
-they come (the status bar's device, the dataset and model lists).
+Importing torch takes seconds, so the window never does it itself. It asks a process that imports
+torch anyway: the runner it keeps loaded on standby for the next run (`EngineClient.ask_capabilities`),
+or, when that one cannot answer (none could start, it ended, or a run took it first), the helper
+that checks configs before they are stored, from a worker thread. The answers fill in the status
+bar's device and the dataset and model lists when they come.
 """
 
 from __future__ import annotations
 
-import json
-import sys
+import threading
 from typing import Any
 
-from PySide6.QtCore import QObject, QProcess, Signal
+from PySide6.QtCore import QObject, Signal
 
-
-def probe() -> dict[str, Any]:
-    import torch
-
-    from engine.datasets import find_missing_files, list_datasets
-    from engine.models import list_models, models_for
-
-    cuda = bool(torch.cuda.is_available())
-    datasets = []
-    for info in list_datasets():
-        try:
-            missing = list(find_missing_files(info.name)) if info.needs_files else []
-        except Exception:  # a data folder we cannot read is the runner's to report
-            missing = []
-        datasets.append({"name": info.name, "kind": info.kind, "description": info.description,
-                         "needs_files": info.needs_files, "missing": missing,
-                         "input_shape": list(info.input_shape) if info.input_shape else None,
-                         "models": models_for(tuple(info.input_shape)) if info.input_shape else None})
-    return {
-        "device": "cuda" if cuda else "cpu",
-        "device_name": torch.cuda.get_device_name(0) if cuda else "",
-        "torch": torch.__version__,
-        "datasets": datasets,
-        "models": [{"name": m.name, "kinds": list(m.kinds), "description": m.description} for m in list_models()],
-    }
+from engine.errors import DPWError
 
 
 class EngineProbe(QObject):
-    """Runs the probe in a child process; `ready(dict)` or `failed(str)`."""
+    """Asks the runner on standby, else the pre-run check's helper; `ready(dict)` or `failed(str)`."""
 
     ready = Signal(dict)
     failed = Signal(str)
+    _answered = Signal(object)  # from the helper's worker thread; delivered in the GUI thread (queued)
 
-    def __init__(self, parent: QObject | None = None):
+    def __init__(self, client: Any, precheck: Any, parent: QObject | None = None):
         super().__init__(parent)
+        self.client = client  # workbench.engine_client.EngineClient
+        self.precheck = precheck  # workbench.precheck_client.PrecheckClient
         self.result: dict[str, Any] | None = None
-        self.process = QProcess(self)
-        self.process.finished.connect(self._finished)
-        self.process.errorOccurred.connect(self._error)
+        self._thread: threading.Thread | None = None
+        self._answered.connect(self._deliver)
+        client.capabilities.connect(self._deliver)
+        client.capabilities_unanswered.connect(self._ask_helper)
 
     def start(self) -> None:
-        self.process.start(sys.executable, ["-m", "workbench.probe"])
+        """Ask the runner on standby (keep one first: EngineClient.keep_standby), else the helper."""
+        if not self.client.ask_capabilities():
+            self._ask_helper()
 
-    def _error(self, error: QProcess.ProcessError) -> None:
-        if error == QProcess.ProcessError.FailedToStart:
-            self.failed.emit(f"cannot start {sys.executable}: {self.process.errorString()}")
-
-    def _finished(self, code: int, status: QProcess.ExitStatus) -> None:
-        out = bytes(self.process.readAllStandardOutput()).decode("utf-8", errors="replace")
-        try:
-            self.result = json.loads(out.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            err = bytes(self.process.readAllStandardError()).decode("utf-8", errors="replace").strip()
-            self.failed.emit(err.splitlines()[-1] if err else f"the engine probe exited with status {code}")
+    def _ask_helper(self) -> None:
+        if self.result is not None or (self._thread is not None and self._thread.is_alive()):
             return
-        self.ready.emit(self.result)
+        self._thread = threading.Thread(target=self._ask, name="engine-probe", daemon=True)
+        self._thread.start()
 
+    def _ask(self) -> None:
+        try:
+            answer = self.precheck.capabilities()
+        except DPWError as exc:
+            answer = exc
+        except Exception as exc:  # the window never goes down over the probe
+            answer = DPWError(f"{type(exc).__name__}: {exc}")
+        try:
+            self._answered.emit(answer)
+        except RuntimeError:  # the window closed meanwhile (this object is gone)
+            pass
 
-if __name__ == "__main__":
-    print(json.dumps(probe()))
-    sys.exit(0)
+    def _deliver(self, answer: dict[str, Any] | DPWError) -> None:
+        if isinstance(answer, DPWError):
+            self.failed.emit(answer.message)
+            return
+        if self.result is None:
+            self.result = answer
+            self.ready.emit(answer)

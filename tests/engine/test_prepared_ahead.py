@@ -103,3 +103,31 @@ def test_a_standby_runner_that_died_leaves_the_check_to_the_command(tmp_path):
         with pytest.raises(ConfigError, match="not below 1/N"):
             standby.check(RunConfig(**{**DIGITS, "delta": 0.01}))
         assert standby.check(RunConfig(**DIGITS)) == 1441  # passes here, in this process
+
+
+def test_a_standby_runner_says_what_the_engine_offers_asked_at_once_or_later_and_still_takes_a_run(tmp_path):
+    """Asked as it starts (the window's engine probe), it answers once torch is in; asked again after a
+    check, it answers in order; the run handed next is trained. Its answers are the engine's own."""
+    import json
+    import subprocess
+    import sys
+
+    from engine.capabilities import engine_capabilities
+    from engine.prepared_ahead import CAPABILITIES_REQUEST, capabilities_answer, check_answer
+
+    store = Store(tmp_path / "runs.sqlite")
+    config = RunConfig(**{**DIGITS, "epochs": 1})
+    process = subprocess.Popen([sys.executable, "-m", "engine.runner", "--standby"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    process.stdin.write(CAPABILITIES_REQUEST)
+    process.stdin.flush()
+    first = capabilities_answer(process.stdout.readline())
+    assert first == engine_capabilities()
+    process.stdin.write(json.dumps({"check": config.to_dict(), "checked_before": []}) + "\n" + CAPABILITIES_REQUEST)
+    process.stdin.flush()
+    assert check_answer(process.stdout.readline()) == {"ok": True, "num_train": 1441}
+    assert capabilities_answer(process.stdout.readline()) == first
+    run_id = store.create_run(config)
+    out, _ = process.communicate(json.dumps({"run_id": run_id, "db": str(store.path)}) + "\n", timeout=300)
+    assert process.returncode == 0 and store.get_run(run_id)["status"] == "finished"
+    assert capabilities_answer("not json") is None and capabilities_answer('{"checked": {}}') is None

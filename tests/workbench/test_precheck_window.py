@@ -147,27 +147,40 @@ def test_a_csv_with_a_test_file_chosen_by_its_button_previews_every_row_as_train
     assert window.form.config().test_data == str(tmp_path / "held_out.csv")
 
 
-def test_a_warmed_helper_answers_the_first_check_and_one_closed_while_it_starts_is_ended(qtbot):
-    """The window warms the check's helper once the engine answers, so the first Start does not wait
-    for its imports; closing the window while it still imports ends it instead of waiting for it."""
+def test_without_a_runner_on_standby_the_check_helper_says_what_the_engine_offers_and_a_close_ends_it(qtbot):
+    """With no runner on standby to ask, the window asks the check's helper what the engine offers
+    (device, datasets, models); that helper then checks the first run without importing again.
+    Closing the window while the helper still imports ends it instead of waiting for it."""
     from engine.config import RunConfig
+    from workbench.engine_client import EngineClient
     from workbench.precheck_client import PrecheckClient
+    from workbench.probe import EngineProbe
 
+    runners = EngineClient(store=None)  # keeps no runner on standby
     client = PrecheckClient()
-    client.warm()
-    qtbot.waitUntil(lambda: client._process is not None, timeout=120_000)  # started and answering
+    probe = EngineProbe(runners, client)
+    with qtbot.waitSignal(probe.ready, timeout=120_000) as answered:
+        probe.start()
+    offered = answered.args[0]
+    assert offered == probe.result and offered["device"] in ("cpu", "cuda")
+    assert {"digits", "mnist", "breast-cancer"} <= {d["name"] for d in offered["datasets"]}
+    digits = next(d for d in offered["datasets"] if d["name"] == "digits")
+    assert digits["input_shape"] == [1, 8, 8] and "digits_cnn" in digits["models"]
     helper = client._process
     config = RunConfig(name="warm", dataset="digits", noise_multiplier=1.0, delta=1e-4)
-    assert client.check(config) is None and client._process is helper  # the warmed one answered
+    assert client.check(config) is None and client._process is helper  # the probe's helper answered
     client.close()
     assert helper.poll() is not None
 
     closing = PrecheckClient()
-    closing.warm()
+    cut_short = EngineProbe(runners, closing)
+    cut_short.start()
     qtbot.waitUntil(lambda: closing._starting is not None, timeout=30_000)
     starting = closing._starting
-    closing.close()  # while it imports
+    with qtbot.waitSignal(cut_short.failed, timeout=30_000) as failed:
+        closing.close()  # while it imports
     assert starting.wait(timeout=30) is not None and closing._process is None
+    assert "pre-run check" in failed.args[0] and cut_short.result is None  # said to a closed window: unseen
 
 
 def checks_by_the_helper(window) -> list[str]:

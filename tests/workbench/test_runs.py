@@ -178,6 +178,40 @@ def test_a_standby_runner_is_not_handed_a_run_after_the_runners_variables_change
     assert [r["id"] for r in Store(db_path).list_runs()] == [run_id]  # the standby stored nothing
 
 
+def test_the_runner_on_standby_says_what_the_engine_offers_and_another_process_answers_when_it_cannot(
+        window, qtbot, db_path):
+    """The window asks the runner it keeps loaded for the next run what the engine offers (device,
+    datasets, models): asked as it starts, it answers once loaded and stays on standby for the run, so
+    no process of its own imports torch for it. One that ends before answering leaves the question to
+    the pre-run check's helper."""
+    client = window.client
+    client.keep_standby()
+    standby = client.standby
+    with qtbot.waitSignal(window.probe.ready, timeout=60_000) as answered:
+        window.probe.start()  # written while it still imports: read once it has loaded
+    offered = answered.args[0]
+    assert offered["device"] in ("cpu", "cuda") and "digits" in {d["name"] for d in offered["datasets"]}
+    assert window.device_label.text().startswith(f"Engine device: {offered['device']}")
+    assert client.standby is standby and standby.state() == standby.ProcessState.Running
+    assert window.precheck._process is None  # the helper was not started for it
+    quick_digits(window, "digits-after-probe", epochs=1)  # the runner that answered trains the next run
+    run_id = start(window, qtbot)
+    assert client.jobs[run_id].process is standby
+    qtbot.waitUntil(lambda: window.run_data[run_id].finished, timeout=RUN_TIMEOUT_MS)
+    assert window.run_data[run_id].status == "finished"
+
+    # Killed before it answers: the helper answers instead.
+    qtbot.waitUntil(lambda: client.standby is not None, timeout=10000)
+    dying = client.standby
+    qtbot.waitUntil(lambda: dying.state() == dying.ProcessState.Running, timeout=10000)
+    window.probe.result = None
+    with qtbot.waitSignal(window.probe.ready, timeout=120_000) as answered:
+        assert client.ask_capabilities()
+        os.kill(dying.processId(), signal.SIGKILL)
+    assert answered.args[0]["device"] == offered["device"] and window.precheck._process is not None
+    assert client.standby is None
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

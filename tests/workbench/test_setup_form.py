@@ -166,10 +166,10 @@ def test_form_state_keeps_hidden_invalid_fields_out_of_the_way():
 
 
 def test_a_model_that_does_not_fit_the_dataset_is_marked_at_its_field(form):
-    # The fits come from the engine's registry (what `python -m workbench.probe` reports).
-    from workbench.probe import probe
+    # The fits come from the engine's registry (what the window's engine probe reports).
+    from engine.capabilities import engine_capabilities
 
-    registry = probe()
+    registry = engine_capabilities()
     form.set_model_fits({d["name"]: (tuple(d["input_shape"]), d["models"]) for d in registry["datasets"]
                          if d["models"] is not None})
     form.set_value("noise_multiplier", "1.1")
