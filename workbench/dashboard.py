@@ -465,7 +465,7 @@ class Dashboard(QWidget):
         if not crossed:
             self.eps_note.hide()
             return
-        self.eps_note.setText(f"The budget is checked against {name} (tight): {series.last():.3g} ≤ {budget:g}.\n"
+        self.eps_note.setText(f"The budget is checked against {name} (tight): {rounding.up(series.last(), '.3g')} ≤ {budget:g}.\n"
                               "rdp (live) is a looser upper bound shown while training; passing the budget "
                               "line is not a breach.")
         self.eps_note.setColor(self.eps_plot.getPlotItem().getAxis("left").textPen().color())
