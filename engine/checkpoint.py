@@ -134,13 +134,18 @@ def in_the_way(continuations: list[dict[str, Any]], *, store: Any) -> list[dict[
             if c.get("status") in ("queued", "running", "finished") or checkpoint_of(store, c["id"]).is_file()]
 
 
-def can_continue(run: dict[str, Any], *, store: Any, continuations: list[dict[str, Any]]) -> bool:
-    """Whether `dpw resume` can take `run` (resume_refusal), given the runs that continue it, its
-    checkpoint looked for in `store`'s folder."""
+def continue_refusal(run: dict[str, Any], *, store: Any, continuations: list[dict[str, Any]]) -> CannotResume | None:
+    """Why `dpw resume` cannot take `run` (resume_refusal), None when it can, given the runs that
+    continue it, its checkpoint looked for in `store`'s folder."""
     from engine.runner import checkpoint_of
 
     return resume_refusal(run, continued_by=in_the_way(continuations, store=store),
-                          checkpoint=checkpoint_of(store, run["id"])) is None
+                          checkpoint=checkpoint_of(store, run["id"]))
+
+
+def can_continue(run: dict[str, Any], *, store: Any, continuations: list[dict[str, Any]]) -> bool:
+    """Whether `dpw resume` can take `run` (continue_refusal)."""
+    return continue_refusal(run, store=store, continuations=continuations) is None
 
 
 def _to_cpu(value: Any) -> Any:

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.config import RunConfig, paths_from_file, read_toml
-from engine.checkpoint import can_continue
+from engine.checkpoint import continue_refusal
 from engine.errors import ConfigError, DPWError
 from workbench.audit_view import AuditView, TheorySource
 from workbench.compare import CompareView
@@ -62,6 +62,8 @@ TOML_FILTER = "Run configs (*.toml)"
 COLUMN_MAX_PX = 200
 RUNS_VIEW_KEY = "runs/view"  # {"sort", "descending", "show_deleted", "selected"}, remembered between sessions
 AUDIT_LOG_KEY = "audit/log_fpr"
+CONTINUE_TIP = ("Continue the selected stopped or failed run from its last checkpoint, as a new run (its ε "
+                "covers the steps of both)")
 
 
 class MainWindow(QMainWindow):
@@ -195,9 +197,7 @@ class MainWindow(QMainWindow):
                                       "Start the run set up in the form (queued if another is running)")
         self.act_stop = self._action("S&top run", self.stop_run, "Ctrl+.",
                                      "Stop the selected run after its current step")
-        self.act_continue = self._action("&Continue run", self.continue_run, None,
-                                         "Continue the selected stopped or failed run from its last checkpoint, "
-                                         "as a new run (its ε covers the steps of both)")
+        self.act_continue = self._action("&Continue run", self.continue_run, None, CONTINUE_TIP)
         self.act_study = self._action("St&udy…", self.open_study, "Ctrl+T",
                                       "Open a tuning study (TOML): see its plan and epsilon, then run it")
         self.act_compare = self._action("&Compare selected runs", self.compare_selected, "Ctrl+K",
@@ -239,6 +239,7 @@ class MainWindow(QMainWindow):
         for action in (self.act_open, self.act_save, None, self.act_quit):
             file_menu.addSeparator() if action is None else file_menu.addAction(action)
         run_menu = bar.addMenu("&Run")
+        run_menu.setToolTipsVisible(True)  # a disabled action's tooltip says why (Continue run)
         for action in (self.act_new, self.act_start, self.act_stop, self.act_continue, None, self.act_study, None,
                        self.act_export,
                        self.act_report, self.act_reuse, None, self.act_rename, self.act_delete):
@@ -507,7 +508,7 @@ class MainWindow(QMainWindow):
         self.act_export.setEnabled(finished)
         self.act_report.setEnabled(finished)
         self.act_reuse.setEnabled(chosen)
-        self.act_continue.setEnabled(chosen and not active and not elsewhere and self._continuable(row))
+        self._explain_continue(self._continue_refusal(row if chosen else None, active=active, elsewhere=elsewhere))
         self.act_delete.setEnabled(run_id is not None and run_id not in self.client.jobs and not elsewhere)
         self.act_rename.setEnabled(chosen)
 
@@ -562,6 +563,7 @@ class MainWindow(QMainWindow):
         if index.isValid() and not self.runs_view.selectionModel().isRowSelected(index.row(), QModelIndex()):
             self._select_row(index.row())
         menu = QMenu(self)
+        menu.setToolTipsVisible(True)
         for action in (self.act_stop, self.act_continue, self.act_export, self.act_report, self.act_reuse,
                        self.act_compare, None, self.act_rename, self.act_delete):
             menu.addSeparator() if action is None else menu.addAction(action)
@@ -573,14 +575,30 @@ class MainWindow(QMainWindow):
         self.form.fields["name"].editor.setFocus()
         self.form.fields["name"].editor.selectAll()
 
-    def _continuable(self, row: dict[str, Any] | None) -> bool:
+    def _continue_refusal(self, row: dict[str, Any] | None, *, active: bool = False, elsewhere: bool = False
+                          ) -> str | None:
+        """Why Continue run cannot take `row` (None when it can), in the words `dpw resume` uses."""
         if row is None:
-            return False
+            return "select a stopped or failed run"
+        if active or elsewhere:
+            return f"run {row['id']} is {'running' if active else 'running in another process'}"
         continuations = [r for r in self.runs_model.rows if r.get("resumed_from") == row["id"]]
         try:
-            return can_continue(row, store=self.store, continuations=continuations)
-        except OSError:
-            return False
+            refusal = continue_refusal(row, store=self.store, continuations=continuations)
+        except OSError as exc:
+            return f"its checkpoint cannot be read: {exc}"
+        return None if refusal is None else refusal.message
+
+    def _explain_continue(self, refusal: str | None) -> None:
+        """Continue run is enabled, or disabled with its reason as tooltip and status tip (shown in the
+        menus and the status bar), so a greyed-out action says why."""
+        self.act_continue.setEnabled(refusal is None)
+        tip = CONTINUE_TIP if refusal is None else f"Cannot continue: {refusal}"
+        self.act_continue.setToolTip(tip)
+        self.act_continue.setStatusTip(tip)
+
+    def _continuable(self, row: dict[str, Any] | None) -> bool:
+        return self._continue_refusal(row) is None
 
     def continue_run(self) -> int | None:
         """Run ▸ Continue run: the selected stopped or failed run goes on from its last checkpoint as a new

@@ -84,6 +84,7 @@ def test_a_stopped_run_is_continued_from_its_checkpoint_to_its_end(window, qtbot
     window.refresh_runs()
     window.select_run(run_id)
     qtbot.waitUntil(window.act_continue.isEnabled, timeout=10000)
+    assert window.act_continue.toolTip().startswith("Continue the selected stopped or failed run")
     stopped = Store(db_path).get_run(run_id)
     assert stopped["config"]["membership_audit"] is False
     before = set(window.run_data)
@@ -100,8 +101,13 @@ def test_a_stopped_run_is_continued_from_its_checkpoint_to_its_end(window, qtbot
     assert shown["Continues"] == f"run {run_id} from step {stopped['steps_done']} (ε covers both)"
     qtbot.waitUntil(lambda: f"continues run {run_id} from step {stopped['steps_done']}"
                     in window.dashboard.title.text(), timeout=5000)
+    qtbot.waitUntil(lambda: not window.client.is_active(second), timeout=30000)  # its runner has exited
+    assert not window.act_continue.isEnabled()  # a finished run: the greyed-out action says why
+    assert window.act_continue.toolTip() == (f"Cannot continue: run {second} is finished: only a stopped or "
+                                             "failed run is continued") == window.act_continue.statusTip()
     window.select_run(run_id)
     assert not window.act_continue.isEnabled()  # continued already, and the panel says by which run
+    assert f"already continued by run {second} (finished)" in window.act_continue.toolTip()
     assert dict(window.runs_panel.config.rows_text())["Continued by"] == f"run {second} (finished)"
 
 
