@@ -97,7 +97,7 @@ class ConfigPanel(QTreeWidget):
         self.setObjectName("configPanel")
         self.setColumnCount(2)
         self.setHeaderLabels(["No run selected", ""])
-        self.header().setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
+        self.header().setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)  # sized to its rows: show_run
         self.setRootIsDecorated(True)
         self.setUniformRowHeights(True)
         self.run_id: int | None = None
@@ -115,7 +115,9 @@ class ConfigPanel(QTreeWidget):
         if row is None:
             self.setHeaderLabels(["No run selected", ""])
             return
-        self.setHeaderLabels([f"Run {row['id']}: {row.get('name', '')}", ""])
+        title = f"Run {row['id']}: {row.get('name', '')}"
+        self.setHeaderLabels([title, ""])
+        self.headerItem().setToolTip(0, title)
         results = QTreeWidgetItem(self, ["Results"])
         for label, text in result_values(row, continued_by):
             item = QTreeWidgetItem(results, [label, text])
@@ -124,6 +126,9 @@ class ConfigPanel(QTreeWidget):
         self._add(config, settings_in_use(row.get("config") or {}))
         results.setExpanded(True)
         config.setExpanded(True)
+        # The labels' column fits its rows, not the title above it: a long name (a study candidate's)
+        # would push the values out of a narrow panel; the title is elided instead (full in its tooltip).
+        self.setColumnWidth(0, self.sizeHintForColumn(0))
 
     def _add(self, parent: QTreeWidgetItem, values: dict[str, Any]) -> None:
         for key, value in values.items():

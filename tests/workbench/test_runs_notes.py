@@ -130,6 +130,24 @@ def test_the_config_panel_lists_only_the_settings_the_runs_mechanism_uses(qtbot)
     assert "aggregator" not in shown and "num_teachers" not in shown and "schema_version" not in shown
 
 
+def test_a_long_run_name_does_not_push_the_panels_values_out_of_view(qtbot):
+    """The labels' column fits its rows; the title above it (a study candidate's long name) is elided,
+    whole in its tooltip, instead of widening the column past a narrow panel."""
+    from workbench.runs_panel import ConfigPanel
+
+    panel = ConfigPanel()
+    qtbot.addWidget(panel)
+    panel.resize(300, 400)
+    widths = {}
+    for name in ("a", "study-digits (learning_rate=0.5, clipping_norm=1.0, expected_batch_size=64) " * 2):
+        config = RunConfig(name=name, noise_multiplier=1.1).to_dict()
+        panel.show_run({"id": 7, "name": name, "mechanism": "dpsgd", "status": "finished", "config": config})
+        widths[name] = panel.columnWidth(0)
+        assert panel.headerItem().toolTip(0) == f"Run 7: {name}"
+    short, long = widths.values()
+    assert short == long < 250  # the values start in view in a 300-pixel panel
+
+
 def test_f2_in_the_runs_list_renames_the_selected_run_in_the_store_list_and_dashboard(window, qtbot, db_path):
     made = make_runs(window)
     window.select_run(made["alpha"])
