@@ -123,6 +123,8 @@ class EngineClient(QObject):
             return  # loading it beside a run would slow the run down
         process = self._new_process()
         process.finished.connect(lambda *_: self._standby_died(process))
+        process.errorOccurred.connect(lambda error: error == QProcess.ProcessError.FailedToStart
+                                      and self._standby_died(process))  # no `finished` then
         process.readyReadStandardOutput.connect(lambda: self._read_standby(process))
         self.standby, self._standby_environment = process, dict(self.environment)
         self._standby_output = b""
@@ -196,8 +198,8 @@ class EngineClient(QObject):
         process, self.standby = self.standby, None
         if process is None:
             return None
-        process.finished.disconnect()
-        process.readyReadStandardOutput.disconnect()
+        for signal in (process.finished, process.errorOccurred, process.readyReadStandardOutput):
+            signal.disconnect()
         self._standby_gone()
         if process.state() != QProcess.ProcessState.Running or self._standby_environment != self.environment:
             self._end(process)
@@ -210,8 +212,8 @@ class EngineClient(QObject):
         self._standby_wanted = False
         process, self.standby = self.standby, None
         if process is not None:
-            process.finished.disconnect()
-            process.readyReadStandardOutput.disconnect()
+            for signal in (process.finished, process.errorOccurred, process.readyReadStandardOutput):
+                signal.disconnect()
             self._standby_gone()
             self._end(process)
 

@@ -218,6 +218,19 @@ def test_the_runner_on_standby_says_what_the_engine_offers_and_another_process_a
     assert client.standby is None
 
 
+def test_an_engine_that_cannot_start_is_said_in_the_status_bar(window, qtbot, monkeypatch):
+    """No interpreter to start the runner on standby nor the check's helper with: the probe ends with
+    'Engine: not available' and why, instead of 'checking…' for ever."""
+    import sys
+
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    window.client.keep_standby()
+    with qtbot.waitSignal(window.probe.failed, timeout=30_000):
+        window.probe.start()
+    assert window.device_label.text().startswith("Engine: not available (")
+    assert window.client.standby is None and window.probe.result is None
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
