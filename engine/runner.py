@@ -283,7 +283,10 @@ def wait_for_run() -> tuple[int, str, Any] | None:
     from engine.prepared_ahead import capabilities_line
 
     # A question asked as it started is answered once torch is in, before the rest of the imports.
-    first = sys.stdin.readline() if select.select([sys.stdin], [], [], 0)[0] else None
+    try:
+        first = sys.stdin.readline() if select.select([sys.stdin], [], [], 0)[0] else None
+    except (OSError, ValueError):  # no select on this stdin (Windows pipes): the loop below answers it
+        first = None
     if first and json.loads(first).get("capabilities") is True:
         sys.stdout.write(capabilities_line())
         sys.stdout.flush()
