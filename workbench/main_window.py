@@ -38,7 +38,7 @@ from workbench.first_start import first_config
 from workbench.form_state import field_names
 from workbench.probe import EngineProbe
 from workbench.run_data import RunData
-from workbench.runs_model import COLUMNS, RunsTable, has_model
+from workbench.runs_model import COLUMNS, RunsTable, release_refusal
 from workbench.runs_panel import RunsPanel
 from workbench.screen import fit_to_screen
 from workbench.settings import Settings
@@ -62,6 +62,8 @@ TOML_FILTER = "Run configs (*.toml)"
 COLUMN_MAX_PX = 200
 RUNS_VIEW_KEY = "runs/view"  # {"sort", "descending", "show_deleted", "selected"}, remembered between sessions
 AUDIT_LOG_KEY = "audit/log_fpr"
+EXPORT_TIP = "Export the selected run's model"
+REPORT_TIP = "Privacy report of the selected run"
 CONTINUE_TIP = ("Continue the selected stopped or failed run from its last checkpoint, as a new run (its ε "
                 "covers the steps of both)")
 
@@ -202,8 +204,8 @@ class MainWindow(QMainWindow):
                                       "Open a tuning study (TOML): see its plan and epsilon, then run it")
         self.act_compare = self._action("&Compare selected runs", self.compare_selected, "Ctrl+K",
                                         "Compare the runs selected in the list")
-        self.act_export = self._action("&Export…", self.export_run, "Ctrl+E", "Export the selected run's model")
-        self.act_report = self._action("&Report…", self.report_run, "Ctrl+R", "Privacy report of the selected run")
+        self.act_export = self._action("&Export…", self.export_run, "Ctrl+E", EXPORT_TIP)
+        self.act_report = self._action("&Report…", self.report_run, "Ctrl+R", REPORT_TIP)
         self.act_open = self._action("&Open config…", self.open_config, QKeySequence.StandardKey.Open,
                                      "Load a run config (TOML) into the form")
         self.act_save = self._action("&Save config as…", self.save_config, QKeySequence.StandardKey.Save,
@@ -504,11 +506,15 @@ class MainWindow(QMainWindow):
         self.act_stop.setEnabled(active or elsewhere or bool(self.client.active_ids()))
         # Run actions need a run selected (a Ctrl+click that unselects it, or a filter hiding it, leaves none).
         chosen = row is not None and bool(self.runs_view.selectionModel().selectedRows())
-        finished = chosen and has_model(row) and not active  # a model and a guarantee to state
-        self.act_export.setEnabled(finished)
-        self.act_report.setEnabled(finished)
+        if not chosen:
+            unreleasable = "select a finished run"
+        else:  # a model and a guarantee to state
+            unreleasable = f"run {run_id} is running" if active else release_refusal(row)
+        self._explain(self.act_export, unreleasable, EXPORT_TIP, "export")
+        self._explain(self.act_report, unreleasable, REPORT_TIP, "report")
         self.act_reuse.setEnabled(chosen)
-        self._explain_continue(self._continue_refusal(row if chosen else None, active=active, elsewhere=elsewhere))
+        self._explain(self.act_continue, self._continue_refusal(row if chosen else None, active=active,
+                                                                elsewhere=elsewhere), CONTINUE_TIP, "continue")
         self.act_delete.setEnabled(run_id is not None and run_id not in self.client.jobs and not elsewhere)
         self.act_rename.setEnabled(chosen)
 
@@ -589,13 +595,14 @@ class MainWindow(QMainWindow):
             return f"its checkpoint cannot be read: {exc}"
         return None if refusal is None else refusal.message
 
-    def _explain_continue(self, refusal: str | None) -> None:
-        """Continue run is enabled, or disabled with its reason as tooltip and status tip (shown in the
-        menus and the status bar), so a greyed-out action says why."""
-        self.act_continue.setEnabled(refusal is None)
-        tip = CONTINUE_TIP if refusal is None else f"Cannot continue: {refusal}"
-        self.act_continue.setToolTip(tip)
-        self.act_continue.setStatusTip(tip)
+    @staticmethod
+    def _explain(action: QAction, refusal: str | None, tip: str, verb: str) -> None:
+        """`action` enabled with its usual tip, or disabled with the reason as its tooltip and status
+        tip (shown in the menus and the status bar), so a greyed-out action says why."""
+        action.setEnabled(refusal is None)
+        text = tip if refusal is None else f"Cannot {verb}: {refusal}"
+        action.setToolTip(text)
+        action.setStatusTip(text)
 
     def _continuable(self, row: dict[str, Any] | None) -> bool:
         return self._continue_refusal(row) is None

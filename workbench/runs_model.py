@@ -65,14 +65,19 @@ def stop_reason_label(row: dict[str, Any]) -> str:
     return STOP_REASONS.get(reason, reason or "")
 
 
-def has_model(row: dict[str, Any]) -> bool:
-    """Whether Export and Report apply: the run ended with a trained model (finished, or stopped after
-    a private step) that may leave the store (not a withheld candidate of a private study)."""
-    if row.get("status") not in ("finished", "stopped"):
-        return False
+def release_refusal(row: dict[str, Any]) -> str | None:
+    """Why Export and Report do not apply to `row` (None when they do): they need a run that ended with
+    a trained model (finished, or stopped after a private step) that may leave the store (not a
+    withheld candidate of a private study)."""
+    ref, status = f"run {row.get('id')}", row.get("status")
+    if status == "failed":
+        return f"{ref} failed: it has no model to release"
+    if status not in ("finished", "stopped"):
+        return f"{ref} is {status}: its model is released once it has ended"
     if row.get("mechanism") in ("dpsgd", "pate") and not row.get("steps_done"):
-        return False  # stopped before any private step: nothing trained, no guarantee to state
-    return not publishable_epsilon(row).withheld
+        return f"{ref} stopped before its first private step: nothing was trained"
+    eps = publishable_epsilon(row)
+    return f"{ref} is {eps.note}: its model and scores never leave the store" if eps.withheld else None
 
 
 def cell_value(row: dict[str, Any], key: str) -> Any:

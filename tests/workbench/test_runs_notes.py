@@ -114,8 +114,30 @@ def test_run_actions_need_a_selected_run_with_a_model(window, qtbot):
                                              QItemSelectionModel.SelectionFlag.Deselect
                                              | QItemSelectionModel.SelectionFlag.Rows)  # Ctrl+click
     assert not window.act_reuse.isEnabled() and not window.act_export.isEnabled()
+    assert window.act_export.toolTip() == "Cannot export: select a finished run"
     window.select_run(made["gamma"])  # failed: nothing to export or report
     assert window.act_reuse.isEnabled() and not window.act_export.isEnabled() and not window.act_report.isEnabled()
+    # a greyed-out action says why, in its tooltip (the menus show it) and in the status bar on hover
+    gamma = f"run {made['gamma']} failed: it has no model to release"
+    assert window.act_export.toolTip() == f"Cannot export: {gamma}" == window.act_export.statusTip()
+    assert window.act_report.toolTip() == f"Cannot report: {gamma}"
+    window.select_run(made["beta"])
+    assert window.act_export.toolTip() == "Export the selected run's model"
+
+
+def test_why_a_run_has_no_model_to_release():
+    from workbench.runs_model import release_refusal
+
+    finished = {"id": 3, "status": "finished", "mechanism": "dpsgd", "steps_done": 40, "epsilon": 1.0,
+                "config": {"delta": 1e-5}}
+    assert release_refusal(finished) is None
+    assert release_refusal({**finished, "status": "running"}) == "run 3 is running: its model is released once it has ended"
+    assert release_refusal({**finished, "status": "stopped", "steps_done": 0}) == (
+        "run 3 stopped before its first private step: nothing was trained")
+    candidate = {**finished, "study_id": 1, "study": {"id": 1, "name": "grid", "mode": "private",
+                                                       "status": "finished", "released_run_id": 4}}
+    assert release_refusal(candidate) == ("run 3 is a candidate of private study 1 (grid) that was not released: "
+                                          "its model and scores never leave the store")
 
 
 def test_the_config_panel_lists_only_the_settings_the_runs_mechanism_uses(qtbot):
