@@ -1,5 +1,5 @@
-"""Start latency in the window: nothing loaded ahead against what the window loads once the engine
-answers (a runner on standby, the pre-run check's helper).
+"""Start latency in the window: nothing loaded ahead against what the window loads as it opens (a
+runner on standby, which also answers the engine probe).
 
     python tests/bench/bench_standby.py              # 3 pairs, offscreen unless $DISPLAY is set
     python tests/bench/bench_standby.py --pairs 5
@@ -7,8 +7,8 @@ answers (a runner on standby, the pre-run check's helper).
 Each pair opens a window on a new store, waits as a user filling the form would (--wait seconds),
 starts the same quick DP-SGD run on the built-in digits (no files needed), and times Start to the
 first training step and to the run's end: once cold (the check's helper and the runner start at
-Start), once warm (EngineClient.keep_standby, whose runner then checks the config at Start and trains
-what it prepared, and PrecheckClient.warm, as the window does once its engine probe answers),
+Start), once warm (EngineClient.keep_standby and the engine probe asked of that runner, as the window
+does as it opens; the runner then checks the config at Start and trains what it prepared),
 alternating. Prints a table and the medians.
 """
 
@@ -50,7 +50,7 @@ def one_run(app, *, standby: bool, wait_s: float) -> tuple[float, float, str]:
     try:
         if standby:
             window.client.keep_standby()
-            window.precheck.warm()
+            window.probe.start()
         end = time.monotonic() + wait_s
         wait_until(app, lambda: time.monotonic() > end)
         for name, value in QUICK.items():
