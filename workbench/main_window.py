@@ -241,7 +241,7 @@ class MainWindow(QMainWindow):
         for action in (self.act_open, self.act_save, None, self.act_quit):
             file_menu.addSeparator() if action is None else file_menu.addAction(action)
         run_menu = bar.addMenu("&Run")
-        run_menu.setToolTipsVisible(True)  # a disabled action's tooltip says why (Continue run)
+        run_menu.setToolTipsVisible(True)  # a disabled action's tooltip says why (Continue run, Export, Report)
         for action in (self.act_new, self.act_start, self.act_stop, self.act_continue, None, self.act_study, None,
                        self.act_export,
                        self.act_report, self.act_reuse, None, self.act_rename, self.act_delete):
