@@ -18,6 +18,7 @@ import click
 
 from engine import rounding
 from engine.cli_follow import StandbyRunner, StopRequests, follow_runner
+from engine.lock_watch import on_terminal
 from engine.cli_privacy import RISK_LABEL, check_number, echo_risk_rows, privacy
 from engine.cli_shell import (
     DPWGroup,
@@ -113,9 +114,10 @@ def run(config_file: Path, db: Path | None, data_dir: Path | None, name: str | N
         check = standby.check if standby is not None else check_before_storing  # the runner keeps what it checked
         store = open_store_after_check(
             db, lambda checked: check(config, checked_before=checked), dataset=config.dataset)
+        watch = on_terminal(store.path, as_json=as_json)  # storing the run may wait on another's lock too
         run_id = store.create_run(config)
         status = follow_runner(store.path, run_id, as_json=as_json, store=store, launch=launch,
-                               summary_follows=True, standby=standby)
+                               summary_follows=True, standby=standby, watch=watch)
     end_of_run(store, run_id, status, as_json=as_json)
 
 
@@ -177,12 +179,13 @@ def resume(run_ref: str, db: Path | None, as_json: bool, nproc: int) -> None:
             check_distributable(config)
         prepared = check_before_storing(config, checked_before=store.checked_fingerprints(config.dataset))
         check_continues(parent, prepared)  # the same data, sample rate and noise
+        watch = on_terminal(store.path, as_json=as_json)
         run_id = store.create_run(config, resumed_from=parent["id"])
         if not as_json:
             click.echo(f"run {run_id}: continues run {parent['id']} ({parent['name']}) from step "
                        f"{checkpoint['step']} of {parent.get('steps_planned') or '?'}")
         status = follow_runner(store.path, run_id, as_json=as_json, store=store, launch=launch,
-                               summary_follows=True, standby=standby)
+                               summary_follows=True, standby=standby, watch=watch)
     end_of_run(store, run_id, status, as_json=as_json)
 
 

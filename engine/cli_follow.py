@@ -16,6 +16,7 @@ import click
 
 from engine import rounding
 from engine.errors import DPWError
+from engine.lock_watch import on_terminal
 
 
 def runner_command(db_path: Path, run_id: int, launch: Any = None) -> list[str]:
@@ -123,7 +124,7 @@ class StopRequests:
 
 def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=None, launch: Any = None,
                   stops: StopRequests | None = None, summary_follows: bool = False,
-                  standby: StandbyRunner | None = None) -> str:
+                  standby: StandbyRunner | None = None, watch: Any = None) -> str:
     """Start the runner process and render its events until it ends; returns the final status.
     With `summary_follows`, the caller prints the run's summary, which states its error: the run's
     error event is then not printed as well.
@@ -131,7 +132,9 @@ def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=No
     an orphan runner); `stops`, when given, is already installed and remembers them. With
     `store`, the runner is recorded as the run's owner, and a runner that ended without reporting
     leaves its run marked failed with the reason before this returns. `standby`: the runner to hand
-    the run to, already started (else, or if it has ended, one is started here)."""
+    the run to, already started (else, or if it has ended, one is started here). `watch`: the
+    engine.lock_watch.LockWatch started when the run was stored (else one is started here), told of
+    each line and stopped at the end."""
     if stops is None:
         stops = StopRequests()
         installed = stops.installed()
@@ -149,12 +152,14 @@ def follow_runner(db_path: Path, run_id: int, *, as_json: bool = False, store=No
         if stops.requested:  # asked before the runner existed
             proc.send_signal(signal.SIGTERM)
         try:
-            return _render_runner(proc, run_id, as_json=as_json, store=store, summary_follows=summary_follows)
+            return _render_runner(proc, run_id, as_json=as_json, store=store, summary_follows=summary_follows,
+                                  watch=watch if watch is not None else on_terminal(db_path, as_json=as_json))
         finally:
             stops.runner = None
 
 
-def _render_runner(proc: subprocess.Popen, run_id: int, *, as_json: bool, store, summary_follows: bool) -> str:
+def _render_runner(proc: subprocess.Popen, run_id: int, *, as_json: bool, store, summary_follows: bool,
+                   watch: Any = None) -> str:
     """follow_runner's loop: render the events until the runner ends; its final status."""
     from engine.events import decode
 
@@ -165,6 +170,8 @@ def _render_runner(proc: subprocess.Popen, run_id: int, *, as_json: bool, store,
     try:
         while True:
             line = proc.stdout.readline()
+            if watch is not None:
+                watch.heard()
             if not line:
                 break
             event = decode(line)
@@ -177,6 +184,8 @@ def _render_runner(proc: subprocess.Popen, run_id: int, *, as_json: bool, store,
             if event["type"] == "finished":
                 status = event["status"]
     finally:
+        if watch is not None:
+            watch.stop()
         proc.wait()
         if display:
             display.close()
