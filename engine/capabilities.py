@@ -1,8 +1,9 @@
 """What the engine offers on this machine: its device, the registered datasets (and which of their
 files are missing), the models and which fit each dataset.
 
-The window asks this of its pre-run check's helper (`engine.precheck`), the one process of its own
-that imports torch anyway, and fills in the status bar's device and its dataset and model lists.
+The window asks this of a process that imports torch anyway: its runner on standby
+(engine.runner.wait_for_run), else its pre-run check's helper (engine.precheck); the answer fills in
+the status bar's device and the dataset and model lists.
 """
 
 from __future__ import annotations

@@ -38,10 +38,15 @@ class Interrupted(UserError):
         os._exit(self.exit_code)
 
 
+def person_watches() -> bool:
+    """Whether stderr is a terminal a person watches, not a pipe or file whose reader expects only the
+    command's output and errors."""
+    return sys.stderr.isatty()
+
+
 def say_on_terminal(text: str) -> None:
-    """A line of progress on stderr where a person watches it (a terminal), never into a pipe or file
-    whose reader expects only the command's output and errors."""
-    if sys.stderr.isatty():
+    """A line of progress on stderr where a person watches it (person_watches), never into a pipe or file."""
+    if person_watches():
         click.echo(text, err=True)
 
 

@@ -36,11 +36,13 @@ def write_locked(path: Path) -> bool:
 
 
 def on_terminal(path: Path, *, as_json: bool) -> "LockWatch | None":
-    """A started watch that says its line on a terminal (engine.cli_shell.say_on_terminal); None for
-    --json output, which a program reads."""
-    from engine.cli_shell import say_on_terminal
+    """A started watch that says its line on stderr; None where no person would read it (--json output,
+    which a program reads, or stderr not a terminal): no thread, no look at the store."""
+    from engine.cli_shell import person_watches, say_on_terminal
 
-    return None if as_json else LockWatch(path, lambda text: say_on_terminal("\n" + text)).start()
+    if as_json or not person_watches():
+        return None
+    return LockWatch(path, lambda text: say_on_terminal("\n" + text)).start()
 
 
 class LockWatch:

@@ -90,21 +90,22 @@ def capabilities_line() -> str:
 
 def capabilities_answer(line: str | bytes) -> dict[str, Any] | None:
     """What the engine offers if `line` is a standby runner's `capabilities_line`; None for any other."""
-    try:
-        answer = json.loads(line)
-    except ValueError:
-        return None
-    return answer.get("capabilities") if isinstance(answer, dict) else None
+    return _answer(line, "capabilities")
 
 
 def check_answer(line: str | bytes) -> dict[str, Any] | None:
     """The reply if `line` is a standby runner's answer (`answer_line`); None for any other line (one a
     library printed)."""
+    return _answer(line, "checked")
+
+
+def _answer(line: str | bytes, key: str) -> dict[str, Any] | None:
+    """The value under `key` of a standby runner's answer line; None for any other line."""
     try:
         answer = json.loads(line)
     except ValueError:
         return None
-    return answer.get("checked") if isinstance(answer, dict) else None
+    return answer.get(key) if isinstance(answer, dict) else None
 
 
 def prepare_ahead(request: dict[str, Any]) -> tuple[dict[str, Any], PreparedAhead | None]:

@@ -154,6 +154,12 @@ class EngineClient(QObject):
                 self._check_reply = reply
                 self._check_wait.quit()
 
+    def _let_go(self, process: QProcess) -> None:
+        """Stop listening to the standby being handed a run or ended (no more 'died', no more answers)."""
+        for signal in (process.finished, process.errorOccurred, process.readyReadStandardOutput):
+            signal.disconnect()
+        self._standby_gone()
+
     def _standby_gone(self) -> None:
         """The standby ended or was handed a run: a question it did not answer is not answered."""
         self._standby_output = b""
@@ -198,9 +204,7 @@ class EngineClient(QObject):
         process, self.standby = self.standby, None
         if process is None:
             return None
-        for signal in (process.finished, process.errorOccurred, process.readyReadStandardOutput):
-            signal.disconnect()
-        self._standby_gone()
+        self._let_go(process)
         if process.state() != QProcess.ProcessState.Running or self._standby_environment != self.environment:
             self._end(process)
             return None
@@ -212,9 +216,7 @@ class EngineClient(QObject):
         self._standby_wanted = False
         process, self.standby = self.standby, None
         if process is not None:
-            for signal in (process.finished, process.errorOccurred, process.readyReadStandardOutput):
-                signal.disconnect()
-            self._standby_gone()
+            self._let_go(process)
             self._end(process)
 
     @staticmethod

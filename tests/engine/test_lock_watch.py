@@ -67,3 +67,18 @@ def test_nothing_is_said_while_the_runner_talks_or_the_lock_is_free(tmp_path):
     time.sleep(1.2)  # stopped: it says nothing afterwards either
     holder.execute("ROLLBACK")
     assert said == []
+
+
+def test_no_watch_where_no_person_reads_stderr(tmp_path, monkeypatch):
+    """A pipe or --json output gets no line, so nothing is started to look at the store for one."""
+    import engine.cli_shell
+    from engine.lock_watch import on_terminal
+
+    path, _ = held_store(tmp_path)
+    monkeypatch.setattr(engine.cli_shell, "person_watches", lambda: True)
+    assert on_terminal(path, as_json=True) is None
+    watch = on_terminal(path, as_json=False)
+    assert isinstance(watch, LockWatch) and watch._thread.is_alive()
+    watch.stop()
+    monkeypatch.setattr(engine.cli_shell, "person_watches", lambda: False)  # a pipe
+    assert on_terminal(path, as_json=False) is None
